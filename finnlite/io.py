@@ -1,0 +1,170 @@
+"""Reading and writing model files: validation of the input, external data, atomic saves.
+
+A model is read from a path, bytes, an ``onnx.ModelProto`` or a qonnx ``ModelWrapper``. Bad input gives a
+:class:`ModelLoadError` whose one-line message names the file and the problem. External data is only read from
+inside the model's folder (a ``location`` such as ``../../etc/passwd`` is refused), and must be complete.
+Saving writes a temporary file beside the target and renames it, so a reader never sees half a model.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from finnlite.compat import IR_VERSION, fix_ir_version
+from finnlite.errors import ModelLoadError
+
+#: Above this many bytes a model must store its initializers as external data (protobuf's 2 GB limit).
+_PROTOBUF_LIMIT = 2**31 - 2**20
+#: Initializers at least this large go to the external data file when external data is requested.
+_EXTERNAL_THRESHOLD = 1024
+
+
+def _parse(data: bytes, where: str | None) -> onnx.ModelProto:
+    if not data:
+        raise ModelLoadError("the file is empty", file=where)
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelLoadError(f"not an ONNX model (cannot parse protobuf: {exc})", file=where) from None
+    if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
+        raise ModelLoadError("not an ONNX model (no graph with nodes or outputs)", file=where)
+    if proto.ir_version <= 0:
+        raise ModelLoadError("not an ONNX model (no IR version)", file=where)
+    return proto
+
+
+def _external_tensors(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+
+
+def _load_external(proto: onnx.ModelProto, base: Path, where: str) -> None:
+    """Read external initializer data into ``proto``, refusing paths outside ``base`` and short files."""
+    base_resolved = base.resolve()
+    for tensor in _external_tensors(proto):
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        if not location:
+            raise ModelLoadError("external data without a location", file=where, tensor=tensor.name)
+        target = (base / location).resolve()
+        if os.path.isabs(location) or base_resolved not in target.parents:
+            raise ModelLoadError(f"external data location '{location}' is outside the model's folder (refused)",
+                                 file=where, tensor=tensor.name)
+        if not target.is_file():
+            raise ModelLoadError(f"external data file '{location}' is missing", file=where, tensor=tensor.name)
+        offset = int(info.get("offset", 0) or 0)
+        size = target.stat().st_size
+        length = int(info["length"]) if "length" in info else size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ModelLoadError(f"external data file '{location}' is truncated ({size} bytes, needs "
+                                 f"{offset + length})", file=where, tensor=tensor.name)
+        with open(target, "rb") as fh:
+            fh.seek(offset)
+            tensor.raw_data = fh.read(length)
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def load_proto(source: Any) -> tuple[onnx.ModelProto, str | None]:
+    """``(proto, path)`` for a path, bytes, ModelProto or qonnx ModelWrapper. A given ModelProto is copied, so
+    the caller's object is never modified."""
+    if isinstance(source, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(source)
+        return proto, None
+    if hasattr(source, "model") and isinstance(getattr(source, "model"), onnx.ModelProto):  # qonnx ModelWrapper
+        return load_proto(source.model)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _parse(bytes(source), None), None
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        where = str(source)
+        if not path.exists():
+            raise ModelLoadError("no such file", file=where)
+        if path.is_dir():
+            raise ModelLoadError("is a directory, not a model file", file=where)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ModelLoadError(f"cannot read: {exc.strerror}", file=where) from None
+        proto = _parse(data, where)
+        if _external_tensors(proto):
+            _load_external(proto, path.parent, where)
+        return proto, where
+    raise ModelLoadError(f"cannot load a model from a {type(source).__name__}")
+
+
+def to_proto(model: ir.Model) -> onnx.ModelProto:
+    """Serialize an ``onnx_ir`` model, with an IR version onnxruntime accepts."""
+    proto = ir.serde.serialize_model(model)
+    return fix_ir_version(proto, IR_VERSION)
+
+
+def _to_external(proto: onnx.ModelProto, data_name: str, data_tmp: str) -> None:
+    offset = 0
+    with open(data_tmp, "wb") as fh:
+        for tensor in proto.graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data"):
+                continue
+            raw = tensor.raw_data
+            if len(raw) < _EXTERNAL_THRESHOLD:
+                continue
+            pad = (-offset) % 64
+            fh.write(b"\0" * pad)
+            offset += pad
+            fh.write(raw)
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+            offset += len(raw)
+
+
+def _raw_everywhere(proto: onnx.ModelProto) -> None:
+    """Store initializer contents as raw bytes so that they can move to an external file."""
+    for i, tensor in enumerate(proto.graph.initializer):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL and not tensor.HasField("raw_data"):
+            arr = onnx.numpy_helper.to_array(tensor)
+            proto.graph.initializer[i].CopyFrom(onnx.numpy_helper.from_array(arr, tensor.name))
+
+
+def save_proto(proto: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
+    """Write ``proto`` to ``path`` atomically; see :meth:`finnlite.Model.save`."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ModelLoadError("cannot save: the output folder does not exist", file=str(path))
+    if path.is_dir():
+        raise ModelLoadError("cannot save: the output path is a directory", file=str(path))
+    if external_data is None:
+        external_data = proto.ByteSize() > _PROTOBUF_LIMIT
+    data_tmp = None
+    fd, model_tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    try:
+        data_name = path.name + ".data"
+        if external_data:
+            _raw_everywhere(proto)
+            fd, data_tmp = tempfile.mkstemp(prefix=f".{data_name}.", suffix=".tmp", dir=folder)
+            os.close(fd)
+            _to_external(proto, data_name, data_tmp)
+        with open(model_tmp, "wb") as fh:
+            fh.write(proto.SerializeToString())
+        if data_tmp is not None:
+            os.replace(data_tmp, folder / data_name)
+            data_tmp = None
+        os.replace(model_tmp, path)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot save: {exc.strerror}", file=str(path)) from None
+    finally:
+        for tmp in (model_tmp, data_tmp):
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)

@@ -1,0 +1,338 @@
+"""Passes: base classes, an explicit registry, and the pass manager.
+
+* :class:`Transformation` edits a model in place and says whether it changed anything; :class:`Rule` is a local
+  rewrite (match a node, check conditions, rewrite) whose ``apply`` walks the graph once; :class:`AnalysisPass`
+  only reads.
+* The registry maps a pass name to its class and group. Passes are registered explicitly with
+  :func:`register_pass`; nothing is looked up with ``eval`` or depends on import order beyond the import of the
+  module that defines the pass.
+* :class:`PassManager` runs ordered :class:`Stage` objects. A fixpoint stage repeats its passes until one full
+  round changes nothing. Termination is guaranteed by cycle detection (a fingerprint of the graph after each round:
+  seeing one twice means the passes oscillate) and a hard iteration cap; both raise :class:`FixpointError` naming
+  the passes that kept changing the graph. Every pass run is recorded (time, changed, rewrites, node counts), and
+  hooks (the verifier, progress display) are called around each pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, Sequence
+
+from finnlite.errors import FixpointError, PassError
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from finnlite.model import Model
+
+
+class Pass:
+    """Base class of all passes. ``name`` defaults to the class name; ``group`` is the stage family
+    (``tidy``, ``convert``, ``absorb``, ``reorder``, ``collapse``, ``lower``, ``finalize``, ``analysis``...).
+    ``verification`` is the policy a pass declares for per-pass verification (see the ``verify`` package);
+    None means the stage's or manager's default."""
+
+    name: ClassVar[str] = ""
+    group: ClassVar[str] = "misc"
+    verification: ClassVar[Any] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = cls.__name__
+
+    @classmethod
+    def summary(cls) -> str:
+        """The first line of the docstring."""
+        doc = (cls.__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else ""
+
+
+class Transformation(Pass):
+    """A pass that edits the model in place. ``apply`` returns True if it changed anything."""
+
+    def apply(self, model: "Model") -> bool:
+        raise PassError(f"{self.name} does not implement apply()")
+
+
+class AnalysisPass(Pass):
+    """A pass that only reads the model and returns a result."""
+
+    group: ClassVar[str] = "analysis"
+
+    def analyze(self, model: "Model") -> Any:
+        raise PassError(f"{self.name} does not implement analyze()")
+
+
+@dataclass
+class Miss:
+    """Why a rule did not apply at a node: the condition that failed. Collected for the integer-only report."""
+
+    rule: str
+    node: str
+    reason: str
+
+
+class Rule(Transformation):
+    """A local rewrite: ``match(model, node)`` returns a match (any truthy object) or a :class:`Miss`/None, and
+    ``rewrite(model, match)`` performs the edit. ``apply`` visits every node once in graph order, skipping nodes
+    removed by earlier rewrites of the same round.
+
+    ``max_rewrites`` limits how many rewrites one ``apply`` performs (used by bisection to find the first bad
+    rewrite); ``rewrites`` counts them, ``misses`` records failed conditions of the last ``apply``; ``on_rewrite``,
+    if set, is called after each rewrite with (rule, model, match)."""
+
+    op_types: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, max_rewrites: int | None = None) -> None:
+        self.max_rewrites = max_rewrites
+        self.rewrites = 0
+        self.misses: list[Miss] = []
+        self.on_rewrite: Callable[["Rule", "Model", Any], None] | None = None
+
+    def match(self, model: "Model", node: "ir.Node") -> Any:
+        raise PassError(f"{self.name} does not implement match()")
+
+    def rewrite(self, model: "Model", match: Any) -> None:
+        raise PassError(f"{self.name} does not implement rewrite()")
+
+    def miss(self, node: "ir.Node", reason: str) -> Miss:
+        """Record that the rule did not apply at ``node`` because of ``reason``; returns the :class:`Miss`."""
+        m = Miss(self.name, node.name or node.op_type, reason)
+        self.misses.append(m)
+        return m
+
+    def apply(self, model: "Model") -> bool:
+        self.rewrites = 0
+        self.misses = []
+        for node in list(model.graph):
+            if self.max_rewrites is not None and self.rewrites >= self.max_rewrites:
+                break
+            if node.graph is not model.graph:
+                continue
+            if self.op_types and node.op_type not in self.op_types:
+                continue
+            m = self.match(model, node)
+            if not m or isinstance(m, Miss):
+                continue
+            self.rewrite(model, m)
+            self.rewrites += 1
+            if self.on_rewrite is not None:
+                self.on_rewrite(self, model, m)
+        return self.rewrites > 0
+
+
+# -- registry ------------------------------------------------------------------------------------------------
+_REGISTRY: dict[str, type[Pass]] = {}
+
+
+def register_pass(cls: type[Pass] | None = None, *, group: str | None = None) -> Any:
+    """Class decorator that registers a pass under its name (``@register_pass`` or
+    ``@register_pass(group="absorb")``). Registering two different classes under one name is an error."""
+
+    def deco(c: type[Pass]) -> type[Pass]:
+        if group is not None:
+            c.group = group
+        old = _REGISTRY.get(c.name)
+        if old is not None and old is not c and (old.__module__, old.__qualname__) != (c.__module__, c.__qualname__):
+            raise PassError(f"a pass named '{c.name}' is registered twice ({old.__module__}, {c.__module__})")
+        _REGISTRY[c.name] = c
+        return c
+
+    return deco(cls) if cls is not None else deco
+
+
+def get_pass(name: str) -> type[Pass]:
+    """The registered pass class called ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise PassError(f"no pass named '{name}' is registered") from None
+
+
+def list_passes(group: str | None = None) -> list[type[Pass]]:
+    """Registered passes (of one group, if given), sorted by group and name."""
+    found = [c for c in _REGISTRY.values() if group is None or c.group == group]
+    return sorted(found, key=lambda c: (c.group, c.name))
+
+
+def _instantiate(p: Pass | type[Pass] | str) -> Pass:
+    if isinstance(p, str):
+        p = get_pass(p)
+    if isinstance(p, type):
+        return p()
+    return p
+
+
+def _is_qonnx_transformation(p: Any) -> bool:
+    try:
+        from qonnx.transformation.base import Transformation as QonnxTransformation
+    except ImportError:  # pragma: no cover - qonnx is a dependency
+        return False
+    return isinstance(p, QonnxTransformation)
+
+
+def run_pass(model: "Model", p: Any) -> bool:
+    """Run one pass on ``model`` in place: a finnlite pass (instance, class or registered name), a plain
+    function ``f(model) -> bool``, or a qonnx ``Transformation`` (instance or class, run through a qonnx
+    ModelWrapper; the model's graph is then replaced by the result). Returns whether the model changed."""
+    if isinstance(p, str) or (isinstance(p, type) and issubclass(p, Pass)):
+        p = _instantiate(p)
+    elif isinstance(p, type):
+        p = p()
+    if isinstance(p, Transformation):
+        return bool(p.apply(model))
+    if isinstance(p, AnalysisPass):
+        raise PassError(f"{p.name} is an analysis; use model.analysis()")
+    if _is_qonnx_transformation(p):
+        from finnlite.model import Model
+
+        before = fingerprint(model)
+        result = model.to_qonnx().transform(p)
+        model.ir = Model(result, check=False).ir
+        model._reindex()
+        return fingerprint(model) != before
+    if callable(p):
+        return bool(p(model))
+    raise PassError(f"cannot run {p!r} as a pass")
+
+
+def fingerprint(model: "Model") -> str:
+    """A digest of the graph's structure (nodes, their wiring and attributes, initializer names and shapes), used
+    to detect oscillation. Linear in the size of the graph."""
+    h = hashlib.blake2b(digest_size=16)
+    for node in model.graph:
+        h.update(node.domain.encode())
+        h.update(node.op_type.encode())
+        for v in node.inputs:
+            h.update(b"|" + (v.name.encode() if v is not None and v.name else b"-"))
+        h.update(b">")
+        for v in node.outputs:
+            h.update(b"|" + v.name.encode())
+        for key, attr in sorted(node.attributes.items()):
+            h.update(key.encode() + repr(attr.value).encode()[:256])
+    for name, v in sorted(model.graph.initializers.items()):
+        h.update(name.encode())
+        if v.const_value is not None:
+            h.update(repr(tuple(v.const_value.shape)).encode())
+    return h.hexdigest()
+
+
+# -- stages and the manager ------------------------------------------------------------------------------------
+@dataclass
+class Stage:
+    """An ordered list of passes. With ``fixpoint`` the list is repeated until a round changes nothing, at most
+    ``max_iterations`` rounds. ``verification`` is the stage's default policy for its passes."""
+
+    name: str
+    passes: Sequence[Pass | type[Pass] | str]
+    fixpoint: bool = False
+    max_iterations: int = 100
+    verification: Any = None
+
+
+@dataclass
+class PassRecord:
+    """What one pass run did."""
+
+    stage: str
+    name: str
+    iteration: int
+    seconds: float
+    changed: bool
+    nodes_before: int
+    nodes_after: int
+    rewrites: int | None = None
+
+
+@dataclass
+class RunReport:
+    """Everything the manager recorded: pass records, stage times, and the near-misses of the rules."""
+
+    records: list[PassRecord] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    misses: list[Miss] = field(default_factory=list)
+
+    def pass_seconds(self) -> dict[str, float]:
+        """Total time per pass name."""
+        out: dict[str, float] = {}
+        for r in self.records:
+            out[r.name] = out.get(r.name, 0.0) + r.seconds
+        return out
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.stage_seconds.values())
+
+
+class Hook(Protocol):
+    """Called by the manager; every method is optional."""
+
+    def before_pass(self, p: Pass, model: "Model", stage: Stage) -> None: ...
+    def after_pass(self, p: Pass, model: "Model", stage: Stage, record: PassRecord) -> None: ...
+
+
+class PassManager:
+    """Runs stages of passes on a model in place (see the module docstring)."""
+
+    def __init__(self, stages: Iterable[Stage], hooks: Iterable[Any] = ()) -> None:
+        self.stages = list(stages)
+        self.hooks = list(hooks)
+
+    def _call(self, method: str, *args: Any) -> None:
+        for hook in self.hooks:
+            fn = getattr(hook, method, None)
+            if fn is not None:
+                fn(*args)
+
+    def _run_one(self, p: Pass, model: "Model", stage: Stage, iteration: int, report: RunReport) -> bool:
+        self._call("before_pass", p, model, stage)
+        n0 = len(model)
+        t0 = time.perf_counter()
+        changed = bool(p.apply(model))
+        dt = time.perf_counter() - t0
+        rec = PassRecord(stage.name, p.name, iteration, dt, changed, n0, len(model),
+                         getattr(p, "rewrites", None))
+        report.records.append(rec)
+        self._call("after_pass", p, model, stage, rec)
+        return changed
+
+    def run_stage(self, stage: Stage, model: "Model", report: RunReport) -> None:
+        """Run one stage (to a fixpoint if it is one)."""
+        passes = [_instantiate(p) for p in stage.passes]
+        self._call("before_stage", stage, model)
+        t0 = time.perf_counter()
+        if not stage.fixpoint:
+            for p in passes:
+                self._run_one(p, model, stage, 0, report)
+        else:
+            seen: dict[str, int] = {fingerprint(model): 0}
+            changers_by_round: list[list[str]] = []
+            for iteration in range(1, stage.max_iterations + 1):
+                changers = [p.name for p in passes if self._run_one(p, model, stage, iteration, report)]
+                if not changers:
+                    break
+                changers_by_round.append(changers)
+                fp = fingerprint(model)
+                if fp in seen:
+                    names = sorted({n for r in changers_by_round[seen[fp]:] for n in r})
+                    raise FixpointError(f"stage '{stage.name}' oscillates: round {iteration} returned the graph of "
+                                        f"round {seen[fp]}; passes involved: {', '.join(names)}")
+                seen[fp] = iteration
+            else:
+                names = sorted({n for r in changers_by_round[-3:] for n in r})
+                raise FixpointError(f"stage '{stage.name}' did not converge in {stage.max_iterations} rounds; "
+                                    f"passes still changing the graph: {', '.join(names)}")
+        for p in passes:
+            report.misses.extend(getattr(p, "misses", []))
+        report.stage_seconds[stage.name] = report.stage_seconds.get(stage.name, 0.0) + time.perf_counter() - t0
+        self._call("after_stage", stage, model)
+
+    def run(self, model: "Model") -> RunReport:
+        """Run every stage in order on ``model`` (in place) and return the record of what happened."""
+        report = RunReport()
+        for stage in self.stages:
+            self.run_stage(stage, model, report)
+        return report
