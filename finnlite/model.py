@@ -170,6 +170,16 @@ class Model:
         self._values[v.name] = v
         return v
 
+    def make_value_like(self, like: ir.Value, prefix: str | None = None) -> ir.Value:
+        """A new, unattached value with a unique name and the shape and element type of ``like`` (where known)."""
+        v = ir.Value(name=self.make_new_valueinfo_name(prefix or like.name or "t"))
+        if like.shape is not None:
+            v.shape = like.shape
+        if like.dtype is not None:
+            v.dtype = like.dtype
+        self._values[v.name] = v
+        return v
+
     # -- shapes --------------------------------------------------------------------------------------------
     def get_tensor_shape(self, name: str) -> tuple[int | None, ...] | None:
         """The shape of ``name`` as a tuple (None for a symbolic dim), or None if unknown."""
