@@ -56,9 +56,14 @@ def lookup(domain: str, op_type: str, node_name: str = "") -> type[CustomOp]:
         raise OpError(f"unknown op domain '{domain}' for op '{op_type}'", node=node_name) from None
 
 
-def make_op(node: Any) -> CustomOp:
-    """The op instance for an ``onnx.NodeProto`` or ``onnx_ir.Node`` in a custom domain."""
+def make_op(node: Any, opset_version: int | None = None) -> CustomOp:
+    """The op instance for an ``onnx.NodeProto`` or ``onnx_ir.Node`` in a custom domain.
+
+    ``opset_version`` is the model's opset import for the node's domain; ops with versioned semantics (``Trunc``)
+    use it to choose their version as qonnx does."""
     cls = lookup(node.domain, node.op_type, node.name)
+    if getattr(cls, "versioned", False):
+        return cls(node.name, attrs_of(node), opset_version=opset_version)  # type: ignore[call-arg]
     return cls(node.name, attrs_of(node))
 
 

@@ -97,10 +97,10 @@ def _infer_standard(node: ir.Node, opsets: dict[str, int]) -> None:
             _set_from_type(out, result[out.name])
 
 
-def _infer_custom(node: ir.Node) -> None:
+def _infer_custom(node: ir.Node, opsets: dict[str, int]) -> None:
     from custom_ops.registry import make_op
 
-    op = make_op(node)
+    op = make_op(node, opsets.get(node.domain))
     shapes = [None if v is None else _shape_of(v) for v in node.inputs]
     values = [const_array(v) for v in node.inputs]
     out_shapes = op.infer_shapes(shapes, values)
@@ -116,7 +116,7 @@ def infer_node_shapes(node: ir.Node, opsets: dict[str, int]) -> None:
     from custom_ops.registry import is_custom_domain
 
     if is_custom_domain(node.domain):
-        _infer_custom(node)
+        _infer_custom(node, opsets)
     else:
         _infer_standard(node, opsets)
 

@@ -1,0 +1,138 @@
+"""MultiThreshold: counting thresholds, the activation of a streamlined FINN network.
+
+Inputs ``x`` and ``thresholds`` of shape ``(C, N)`` or ``(1, N)`` (one row for all channels). For every element
+of ``x`` in channel ``c``::
+
+    y = out_scale * #{k : x >= thresholds[c, k]} + out_bias
+
+The count does not assume sorted rows (FINN keeps them sorted); a NaN input passes no threshold, a NaN threshold
+is never passed. The count is taken in ``x``'s dtype before scaling, as in qonnx, so float32 results are
+bit-identical to qonnx's.
+
+Attributes (qonnx's): ``out_dtype`` (required, a datatype name), ``out_scale`` (default 1.0), ``out_bias``
+(default 0.0), ``data_layout`` (default ""). The channel axis is the position of ``C`` in ``data_layout``
+(``NCHW``, ``NHWC``, ``NC``, ``NCW``, ``NWC``, ...); a layout without ``C`` means axis 1. With no layout it follows
+from the rank, as qonnx guesses: rank 2 ``NC``, rank 3 ``NWC`` (channels *last*), rank 4 ``NCHW``, otherwise axis 1.
+
+Output datatype, as qonnx infers it: ``out_dtype``, or FLOAT32 when ``out_scale`` or ``out_bias`` is not an
+integer. Output shape: the input's.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from custom_ops.base import CustomOp
+from custom_ops.common import Shape, float_attr, known_int, shape_of
+from custom_ops.registry import register
+from finnlite.datatypes import BaseDataType, DataType, parse_datatype
+from finnlite.errors import DataTypeError
+
+#: qonnx's layout guess for an input without a ``data_layout``, by rank
+_LAYOUT_OF_RANK = {2: "NC", 3: "NWC", 4: "NCHW"}
+#: the comparisons made at once are bounded by this many booleans (larger inputs take several passes)
+_MAX_BLOCK = 1 << 22
+
+
+def channel_axis_of(data_layout: str, ndim: int) -> int:
+    """The channel axis a MultiThreshold uses for an input of rank ``ndim`` (module docstring)."""
+    layout = data_layout or _LAYOUT_OF_RANK.get(ndim, "")
+    return layout.index("C") if "C" in layout else 1
+
+
+def multithreshold(x: np.ndarray, thresholds: np.ndarray, out_scale: float = 1.0, out_bias: float = 0.0,
+                   channel_axis: int = 1) -> np.ndarray:
+    """``out_scale * #{k : x >= thresholds[c, k]} + out_bias`` with ``c`` the index along ``channel_axis``.
+
+    ``thresholds`` is ``(C, N)`` or ``(1, N)``. The comparisons run in blocks of thresholds so that the boolean
+    temporary stays small for large inputs. ``ValueError`` for mismatched shapes."""
+    x = np.asarray(x)
+    thresholds = np.asarray(thresholds)
+    if thresholds.ndim != 2:
+        raise ValueError(f"thresholds must have shape (channels, steps), got {thresholds.shape}")
+    if not -x.ndim <= channel_axis < x.ndim:
+        raise ValueError(f"channel axis {channel_axis} out of range for an input of shape {x.shape}")
+    channels = x.shape[channel_axis]
+    if thresholds.shape[0] not in (1, channels):
+        raise ValueError(f"thresholds have {thresholds.shape[0]} rows, the input has {channels} channels")
+    # channels last, and one trailing axis to compare against a block of thresholds: (..., C, 1) >= (C, n)
+    xc = np.moveaxis(x, channel_axis, -1)[..., np.newaxis]
+    counts = np.zeros(xc.shape[:-1], dtype=np.int64)
+    steps = thresholds.shape[1]
+    block = max(1, _MAX_BLOCK // max(xc.size, 1))
+    for start in range(0, steps, block):
+        counts += np.count_nonzero(xc >= thresholds[:, start:start + block], axis=-1)
+    levels = np.moveaxis(counts, -1, channel_axis).astype(x.dtype)
+    return out_scale * levels + out_bias
+
+
+@register
+class MultiThreshold(CustomOp):
+    """Counting thresholds per channel (module docstring)."""
+
+    op_type = "MultiThreshold"
+    attr_spec = {
+        "out_dtype": ("s", True, ""),
+        "out_scale": ("f", False, 1.0),
+        "out_bias": ("f", False, 0.0),
+        "data_layout": ("s", False, ""),
+    }
+    num_inputs = (2, 2)
+
+    def validate_attrs(self) -> None:
+        try:
+            self.out_dtype = parse_datatype(self.attrs["out_dtype"])
+        except DataTypeError:
+            raise self.fail(f"attribute 'out_dtype' is not a datatype: {self.attrs['out_dtype']!r}") from None
+        self.out_scale = float_attr(self, "out_scale")
+        self.out_bias = float_attr(self, "out_bias")
+        layout = self.attrs["data_layout"]
+        if not isinstance(layout, str) or not (layout == "" or layout.isalpha()) or layout.count("C") > 1:
+            raise self.fail(f"attribute 'data_layout' must be a layout such as 'NCHW' or 'NHWC', got {layout!r}")
+        self.data_layout = layout
+
+    def channel_axis(self, ndim: int) -> int:
+        """The channel axis for an input of rank ``ndim``; an error if the input has no such axis."""
+        axis = channel_axis_of(self.data_layout, ndim)
+        if axis >= ndim:
+            layout = f"data_layout '{self.data_layout}'" if self.data_layout else "the default layout"
+            raise self.fail(f"{layout} puts the channels on axis {axis}, the input has rank {ndim}")
+        return axis
+
+    def _check_shapes(self, x_shape: tuple | None, t_shape: tuple | None) -> None:
+        if t_shape is None:
+            return
+        if len(t_shape) != 2:
+            raise self.fail(f"thresholds must have shape (channels, steps), got {tuple(t_shape)}")
+        if x_shape is None:
+            return
+        channels = known_int(x_shape[self.channel_axis(len(x_shape))])
+        rows = known_int(t_shape[0])
+        if channels is not None and rows is not None and rows not in (1, channels):
+            raise self.fail(f"thresholds have {rows} rows, the input has {channels} channels "
+                            f"on axis {self.channel_axis(len(x_shape))}")
+
+    def validate_inputs(self, inputs: Sequence[np.ndarray | None]) -> None:
+        self.check_num_inputs(len(inputs))
+        self._check_shapes(shape_of(inputs[0]), shape_of(inputs[1]))
+
+    def execute(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        self.validate_inputs(inputs)
+        x, thresholds = (np.asarray(v) for v in inputs)
+        axis = self.channel_axis(x.ndim)
+        return [np.asarray(multithreshold(x, thresholds, self.out_scale, self.out_bias, axis))]
+
+    def infer_shapes(self, shapes: Sequence[Shape | None],
+                     values: Sequence[np.ndarray | None]) -> list[Shape | None]:
+        self.check_num_inputs(len(shapes))
+        self._check_shapes(shapes[0], shapes[1])
+        return [None if shapes[0] is None else tuple(shapes[0])]
+
+    def infer_datatypes(self, dtypes: Sequence[BaseDataType | None],
+                        values: Sequence[np.ndarray | None]) -> list[BaseDataType]:
+        self.check_num_inputs(len(dtypes))
+        if self.out_scale != int(self.out_scale) or self.out_bias != int(self.out_bias):
+            return [DataType["FLOAT32"]]
+        return [self.out_dtype]
