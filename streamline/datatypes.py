@@ -1,0 +1,192 @@
+"""Range-based datatype inference: which tensors are integers, and in which range.
+
+One pass over the graph in topological order computes, per tensor, a value range ``[lo, hi]`` and whether every
+value is an integer, from the graph inputs' annotations, the initializers' values and each op's arithmetic:
+
+* MultiThreshold: ``out_bias + out_scale · [0, N]``; custom ops otherwise by their own datatype inference;
+* MatMul / Conv with a constant integer weight: per output channel, the positive weights times the input's upper
+  bound plus the negative weights times its lower bound (and the other way round), with zero included for padded
+  convolutions; Gemm likewise;
+* Add / Sub / Mul / Neg with integer operands; data movement (Reshape, Transpose, MaxPool, Im2Col, Concat, ...)
+  keeps the range; Relu clips it.
+
+Integer tensors are annotated with the narrowest INTn/UINTn (BIPOLAR/BINARY where the values are exactly those),
+and every other node output with FLOAT32, so annotations never claim more than is true.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from finnlite.datatypes import BaseDataType, DataType, is_integer_type, smallest_int_type
+from finnlite.passes import Transformation, register_pass
+from finnlite.shapes import const_array
+
+#: ops whose output holds only values of their (first) input
+_MOVE_OPS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "MaxPoolNHWC", "Identity",
+             "Slice", "Gather", "Im2Col", "Expand", "Tile", "Split", "SpaceToDepth", "DepthToSpace", "Resize",
+             "GlobalMaxPool", "ReduceMax", "ReduceMin", "Pad"}
+
+
+@dataclass(frozen=True)
+class Range:
+    """A value range and whether all values are integers. ``bipolar`` marks values in {-1, +1} only."""
+
+    lo: float
+    hi: float
+    integer: bool
+    bipolar: bool = False
+
+    @staticmethod
+    def unknown() -> "Range":
+        return Range(-np.inf, np.inf, False)
+
+    @staticmethod
+    def of_array(arr: np.ndarray) -> "Range":
+        arr = np.asarray(arr)
+        if arr.size == 0 or not np.issubdtype(arr.dtype, np.number):
+            return Range.unknown()
+        if np.issubdtype(arr.dtype, np.integer):
+            integer = True
+        else:
+            finite = np.isfinite(arr)
+            integer = bool(finite.all() and np.array_equal(arr, np.round(arr)))
+        lo, hi = float(np.min(arr)), float(np.max(arr))
+        bipolar = integer and lo == -1 and hi == 1 and not np.any(arr == 0)
+        return Range(lo, hi, integer, bipolar)
+
+    @staticmethod
+    def of_datatype(dt: BaseDataType) -> "Range":
+        if not is_integer_type(dt):
+            return Range.unknown()
+        return Range(float(dt.min()), float(dt.max()), True, dt.name == "BIPOLAR")
+
+    def datatype(self) -> BaseDataType:
+        """The narrowest datatype holding this range (FLOAT32 when it is not an integer range)."""
+        if not self.integer or not np.isfinite(self.lo) or not np.isfinite(self.hi):
+            return DataType["FLOAT32"]
+        if self.bipolar:
+            return DataType["BIPOLAR"]
+        return smallest_int_type(self.lo, self.hi)
+
+
+def _matmul_range(x: Range, w: np.ndarray, axis: int, with_zero: bool) -> Range:
+    """Range of sum_k x_k · w[k, n] (``axis`` is the summed axis of ``w`` after moving the output axis first)."""
+    lo_x, hi_x = (min(x.lo, 0.0), max(x.hi, 0.0)) if with_zero else (x.lo, x.hi)
+    w = np.asarray(w, dtype=np.float64)
+    pos = np.clip(w, 0, None).sum(axis=axis)
+    neg = np.clip(w, None, 0).sum(axis=axis)
+    with np.errstate(invalid="ignore"):
+        hi = hi_x * pos + lo_x * neg
+        lo = lo_x * pos + hi_x * neg
+    if np.isnan(hi).any() or np.isnan(lo).any():
+        return Range.unknown()
+    integer = x.integer and bool(np.array_equal(w, np.round(w)))
+    return Range(float(lo.min()), float(hi.max()), integer)
+
+
+def _node_range(node: ir.Node, ins: list[Range], consts: list[np.ndarray | None]) -> Range:
+    op = node.op_type
+    attrs = {k: a.value for k, a in node.attributes.items()}
+    if op in _MOVE_OPS:
+        r = ins[0]
+        if op == "Pad" and len(consts) > 2 and consts[2] is not None:
+            v = float(np.asarray(consts[2]).ravel()[0])
+            return Range(min(r.lo, v), max(r.hi, v), r.integer and v == int(v))
+        if op == "Pad" or (op == "Im2Col" and any(attrs.get("pad_amount", []))):
+            v = float(attrs.get("pad_value", 0)) if op == "Im2Col" else 0.0
+            return Range(min(r.lo, v), max(r.hi, v), r.integer and v == int(v))
+        return r
+    if op == "Concat":
+        return Range(min(r.lo for r in ins), max(r.hi for r in ins), all(r.integer for r in ins),
+                     all(r.bipolar for r in ins))
+    if op == "Relu":
+        r = ins[0]
+        return Range(max(r.lo, 0.0), max(r.hi, 0.0), r.integer)
+    if op == "Neg":
+        r = ins[0]
+        return Range(-r.hi, -r.lo, r.integer, r.bipolar)
+    if op in ("Add", "Sub"):
+        a, b = ins[0], ins[1]
+        if op == "Sub":
+            b = Range(-b.hi, -b.lo, b.integer)
+        return Range(a.lo + b.lo, a.hi + b.hi, a.integer and b.integer)
+    if op == "Mul":
+        a, b = ins[0], ins[1]
+        prods = [a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi]
+        if any(np.isnan(p) for p in prods):
+            return Range.unknown()
+        return Range(min(prods), max(prods), a.integer and b.integer, a.bipolar and b.bipolar)
+    if op == "MatMul" and consts[1] is not None and consts[1].ndim == 2:
+        return _matmul_range(ins[0], consts[1], axis=0, with_zero=False)
+    if op == "Conv" and consts[1] is not None:
+        w = consts[1].reshape(consts[1].shape[0], -1)
+        padded = any(attrs.get("pads", [])) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID")
+        return _matmul_range(ins[0], w, axis=1, with_zero=padded)
+    if op == "MultiThreshold":
+        n = consts[1].shape[-1] if consts[1] is not None else None
+        scale, bias = float(attrs.get("out_scale", 1.0)), float(attrs.get("out_bias", 0.0))
+        if n is None:
+            return Range.unknown()
+        lo, hi = sorted((bias, bias + scale * n))
+        integer = scale == int(scale) and bias == int(bias)
+        bipolar = integer and n == 1 and {lo, hi} == {-1.0, 1.0}
+        return Range(lo, hi, integer, bipolar)
+    if op == "XnorPopcountMatMul":
+        k = consts[1].shape[0] if consts[1] is not None else None
+        return Range(0.0, float(k), True) if k is not None else Range(0.0, np.inf, True)
+    return Range.unknown()
+
+
+def _custom_range(node: ir.Node, model: Any, ins: list[Range], consts: list[np.ndarray | None]) -> Range | None:
+    """Range from a custom op's own datatype inference (Quant with scale 1, QuantAvgPool2d, ...)."""
+    from custom_ops.registry import is_custom_domain, make_op
+
+    if not is_custom_domain(node.domain) or node.op_type in ("MultiThreshold", "XnorPopcountMatMul"):
+        return None
+    try:
+        dts = make_op(node).infer_datatypes([r.datatype() for r in ins], consts)
+    except Exception:  # an op that cannot say leaves its output unknown
+        return Range.unknown()
+    return Range.of_datatype(dts[0])
+
+
+def infer_ranges(model: Any) -> dict[str, Range]:
+    """The range of every tensor of ``model`` (see the module docstring); the graph must be sorted."""
+    ranges: dict[str, Range] = {}
+    for v in model.graph.inputs:
+        ranges[v.name] = Range.of_datatype(model.get_tensor_datatype(v.name))
+    for name, v in model.graph.initializers.items():
+        ranges[name] = Range.of_array(v.const_value.numpy()) if v.const_value is not None else Range.unknown()
+    for node in model.graph:
+        consts = [const_array(v) for v in node.inputs]
+        ins = [ranges.get(v.name, Range.of_array(c) if c is not None else Range.unknown()) if v is not None
+               else Range.unknown() for v, c in zip(node.inputs, consts)]
+        r = _custom_range(node, model, ins, consts)
+        if r is None:
+            r = _node_range(node, ins, consts) if ins else Range.unknown()
+        for out in node.outputs:
+            ranges[out.name] = r
+    return ranges
+
+
+@register_pass(group="tidy")
+class InferDataTypes(Transformation):
+    """Annotate every node output with the datatype its value range implies (module docstring).
+
+    Changes annotations only; returns False so that it never keeps a fixpoint loop alive."""
+
+    def apply(self, model: Any) -> bool:
+        model.topological_sort()
+        ranges = infer_ranges(model)
+        for node in model.graph:
+            for out in node.outputs:
+                r = ranges.get(out.name)
+                if r is None:
+                    continue
+                model.set_tensor_datatype(out.name, r.datatype())
+        return False

@@ -1,0 +1,97 @@
+"""Real thresholds: the exact switching points of quantizers, and their algebra."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from custom_ops.multithreshold import multithreshold
+from custom_ops.quant import ROUNDING_MODES, min_int, quant
+from streamline.real_thresholds import RealThresholds, fractions_of, quant_real_thresholds, relu_composed
+
+MODES = sorted(ROUNDING_MODES)
+
+
+def _count(rt: RealThresholds, x: np.ndarray) -> np.ndarray:
+    """Exact count of passed thresholds per element of a (C, k) array of Fractions."""
+    out = np.zeros(x.shape, dtype=np.int64)
+    for c in range(x.shape[0]):
+        row = c if rt.shape[0] > 1 else 0
+        for j in range(x.shape[1]):
+            out[c, j] = sum(1 for r, s in zip(rt.real[row], rt.strict[row])
+                            if (x[c, j] > r if s else x[c, j] >= r))
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("bits,signed,narrow", [(1, True, False), (1, False, False), (2, True, True), (3, True, False),
+                                                (4, False, False), (4, False, True), (5, True, True)])
+def test_quant_thresholds_match_the_kernel_at_every_switching_point(mode, bits, signed, narrow):
+    rng = np.random.default_rng(bits)
+    scale = np.float32(rng.uniform(0.01, 2.0))
+    zero = np.float32(rng.integers(-1, 2) if not (bits == 1 and signed) else 0)
+    rt = quant_real_thresholds(scale, zero, bits, signed, narrow, mode)
+    qmin = -1 if (bits == 1 and signed) else min_int(signed, narrow, bits)
+    # probe every threshold exactly (x/s is then exact in float64, so the kernel sees the tie itself) and a little
+    # below and above it (far enough that float64 division cannot round across)
+    probes = []
+    for r in rt.real[0]:
+        f = float(r)
+        assert Fraction(f) == r  # s·(t − z) is exact in float64
+        eps = abs(f) * 1e-9 + 1e-12
+        probes += [f - eps, f, f + eps]
+    probes += [-1e6, 1e6, 0.0, -0.0]
+    x = np.array(probes, dtype=np.float64)
+    q = quant(x, np.float64(scale), np.float64(zero), bits, signed, narrow, mode)
+    levels = np.round(q / np.float64(scale) + np.float64(zero)).astype(np.int64)
+    if bits == 1 and signed:
+        expected_count = (levels > 0).astype(np.int64)
+    else:
+        expected_count = levels - qmin
+    got = _count(rt, fractions_of(x)[None, :])[0]
+    np.testing.assert_array_equal(got, expected_count)
+
+
+def test_per_channel_rows_and_algebra():
+    scale = np.array([0.5, 0.25, 2.0], np.float32)
+    rt = quant_real_thresholds(scale, 0.0, 2, False, False)
+    assert rt.shape == (3, 3)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 50)) * 3
+    a = np.array([1.5, 0.75, 3.0])
+    b = np.array([0.25, -1.0, 0.5])
+    # thresholds on x for MT(a·x + b): shift by b, then scale by a
+    moved = rt.shifted(b).scaled(a)
+    y = fractions_of(x) * fractions_of(a)[:, None] + fractions_of(b)[:, None]
+    np.testing.assert_array_equal(_count(moved, fractions_of(x)), _count(rt, y))
+    # a negative factor: count from above
+    neg = rt.negated().scaled(np.array([2.0]))
+    y = fractions_of(x) * Fraction(-2)
+    np.testing.assert_array_equal(3 - _count(neg, fractions_of(x)), _count(rt, y))
+
+
+def test_materialized_thresholds_on_integers_and_floats():
+    rt = quant_real_thresholds(np.float32(0.3), 0.0, 3, True, False)  # levels at 0.3·(k − ½)
+    ints = np.arange(-10, 11, dtype=np.float32)[None, :]
+    t_int = rt.integer_thresholds()
+    np.testing.assert_array_equal(multithreshold(ints, t_int, channel_axis=0)[0],
+                                  _count(rt, fractions_of(ints))[0])
+    floats = np.linspace(-2, 2, 4001, dtype=np.float32)
+    edges = rt.float_thresholds()[0]
+    floats = np.concatenate([floats, edges, np.nextafter(edges, np.float32(-np.inf))])[None, :]
+    np.testing.assert_array_equal(multithreshold(floats, rt.float_thresholds(), channel_axis=0)[0],
+                                  _count(rt, fractions_of(floats))[0])
+    assert RealThresholds.from_json(rt.to_json()).real.tolist() == rt.real.tolist()
+    clipped = rt.integer_thresholds(lo=-1, hi=1)
+    assert clipped.min() >= -1 and clipped.max() <= 2
+
+
+def test_relu_composition():
+    rt = quant_real_thresholds(np.float32(0.5), np.float32(1.0), 3, False, False)  # some thresholds below zero
+    composed = relu_composed(rt)
+    x = np.linspace(-3, 3, 121)
+    relu = np.maximum(x, 0)
+    np.testing.assert_array_equal(_count(composed, fractions_of(x)[None, :]),
+                                  _count(rt, fractions_of(relu)[None, :]))
