@@ -1,0 +1,290 @@
+"""The absorb rules: constants and monotone ops in front of a MultiThreshold become part of its thresholds.
+
+Thresholds are kept as exact real thresholds (:mod:`streamline.real_thresholds`) and materialized after every
+change (:func:`materialize`): as integers (⌈R⌉, or ⌊R⌋ + 1 where strict) when the MultiThreshold's input is
+annotated with an integer datatype, clipped to that datatype's range, and as the least float32 values otherwise.
+A MultiThreshold that has no real thresholds yet (made by hand, or by an older converter) takes its float32
+thresholds as exact: ``x ≥ T`` is what it computes.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from custom_ops.multithreshold import channel_axis_of
+from finnlite.datatypes import is_integer_type
+from finnlite.passes import Rule, Transformation, register_pass
+from finnlite.shapes import const_array
+from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
+from streamline.real_thresholds import (RealThresholds, fractions_of, get_real_thresholds, relu_composed,
+                                        set_real_thresholds)
+
+#: a rational standing for "below/above every value the input can take"
+_FAR = Fraction(2**64)
+
+
+def mt_channel_axis(node: ir.Node) -> int:
+    """The channel axis of a MultiThreshold node (from its data_layout and its input's rank)."""
+    layout = node.attributes["data_layout"].value if "data_layout" in node.attributes else ""
+    rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else 4
+    return channel_axis_of(layout, rank)
+
+
+def real_thresholds_of(model: Any, node: ir.Node) -> RealThresholds:
+    """The node's real thresholds, or its float32 thresholds taken as exact (non-strict)."""
+    rt = get_real_thresholds(node)
+    if rt is not None:
+        return rt
+    t = const_array(node.inputs[1])
+    return RealThresholds(fractions_of(t), np.zeros(t.shape, dtype=bool))
+
+
+def materialize(model: Any, node: ir.Node) -> bool:
+    """Write the float32 thresholds implied by the node's real thresholds and its input's datatype; True if they
+    changed."""
+    rt = get_real_thresholds(node)
+    if rt is None:
+        return False
+    dt = model.get_tensor_datatype(node.inputs[0].name)
+    if is_integer_type(dt):
+        new = rt.integer_thresholds(float(dt.min()), float(dt.max()))
+    else:
+        new = rt.float_thresholds()
+    old = const_array(node.inputs[1])
+    if old is not None and old.shape == new.shape and np.array_equal(old, new):
+        return False
+    node.replace_input_with(1, model.add_initializer(new, prefix=f"{node.name}_thr"))
+    return True
+
+
+def _set(model: Any, node: ir.Node, rt: RealThresholds) -> None:
+    set_real_thresholds(node, rt)
+    materialize(model, node)
+
+
+def _mt_input_node(model: Any, node: ir.Node, op: str) -> Any:
+    """The producer of the MultiThreshold's input if it is ``op`` and feeds only this node."""
+    x = node.inputs[0]
+    prod = x.producer()
+    if prod is None or prod.op_type != op or prod.domain not in ("", "ai.onnx"):
+        return None
+    if len(x.uses()) != 1 or x.is_graph_output():
+        return None
+    return prod
+
+
+@register_pass(group="absorb")
+class AbsorbReluIntoMultiThreshold(Rule):
+    """MultiThreshold(Relu(x)) → MultiThreshold'(x).
+
+    Algebra: a threshold R > 0 (or R = 0, strict) sees Relu(x) ≥ R ⇔ x ≥ R; one that 0 already passes is passed by
+    every x. Condition: the Relu feeds only the MultiThreshold."""
+
+    op_types = ("MultiThreshold",)
+
+    def match(self, model: Any, node: ir.Node) -> Any:
+        return _mt_input_node(model, node, "Relu") and (node, node.inputs[0].producer())
+
+    def rewrite(self, model: Any, match: Any) -> None:
+        node, relu = match
+        rt = relu_composed(real_thresholds_of(model, node))
+        node.replace_input_with(0, relu.inputs[0])
+        model.remove_node(relu)
+        _set(model, node, rt)
+
+
+@register_pass(group="absorb")
+class AbsorbAddIntoMultiThreshold(Rule):
+    """MultiThreshold(Add(x, b)) → MultiThreshold(x) with thresholds R − b.
+
+    Holds because x + b ≥ R ⇔ x ≥ R − b, per channel. Conditions: b is a constant that is a scalar or varies only
+    along the MultiThreshold's channel axis; the Add feeds only the MultiThreshold."""
+
+    op_types = ("MultiThreshold",)
+
+    def match(self, model: Any, node: ir.Node) -> Any:
+        add = _mt_input_node(model, node, "Add")
+        if add is None:
+            return None
+        c = const_operand(add)
+        if c is None:
+            return self.miss(node, "the Add before it has no constant operand")
+        rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
+        vec = channel_vector(exact_value(add, c[1]), rank, mt_channel_axis(node)) if rank else None
+        if vec is None:
+            return self.miss(node, "the Add's constant varies along a non-channel axis")
+        return node, add, c[0], vec
+
+    def rewrite(self, model: Any, match: Any) -> None:
+        node, add, ci, vec = match
+        rt = real_thresholds_of(model, node).shifted(vec)
+        node.replace_input_with(0, add.inputs[1 - ci])
+        model.remove_node(add)
+        _set(model, node, rt)
+
+
+@register_pass(group="absorb")
+class AbsorbMulIntoMultiThreshold(Rule):
+    """MultiThreshold(Mul(x, a)) → MultiThreshold(x) with thresholds R / a.
+
+    Algebra: for a > 0, a·x ≥ R ⇔ x ≥ R/a. For a scalar a < 0, a·x ≥ R ⇔ x ≤ R/a: the thresholds are negated and
+    counted from above (out_scale → −out_scale, out_bias → out_bias + out_scale·N, strictness flipped). For a = 0
+    every threshold is constantly passed or not. Conditions: a is a scalar or varies only along the channel axis;
+    per-channel factors of mixed sign are left for AbsorbSignIntoWeights; the Mul feeds only the MultiThreshold."""
+
+    op_types = ("MultiThreshold",)
+
+    def match(self, model: Any, node: ir.Node) -> Any:
+        mul = _mt_input_node(model, node, "Mul")
+        if mul is None:
+            return None
+        c = const_operand(mul)
+        if c is None:
+            return self.miss(node, "the Mul before it has no constant operand")
+        rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
+        vec = channel_vector(exact_value(mul, c[1]), rank, mt_channel_axis(node)) if rank else None
+        if vec is None:
+            return self.miss(node, "the Mul's constant varies along a non-channel axis")
+        if len(vec) > 1 and any(v < 0 for v in vec):
+            return self.miss(node, "per-channel factors with negative values (needs their sign in the weights)")
+        return node, mul, c[0], vec
+
+    def rewrite(self, model: Any, match: Any) -> None:
+        node, mul, ci, vec = match
+        rt = real_thresholds_of(model, node)
+        if len(vec) == 1 and vec[0] < 0:
+            n = rt.shape[1]
+            scale = float(node.attributes["out_scale"].value) if "out_scale" in node.attributes else 1.0
+            bias = float(node.attributes["out_bias"].value) if "out_bias" in node.attributes else 0.0
+            node.attributes["out_scale"] = ir.AttrFloat32("out_scale", -scale)
+            node.attributes["out_bias"] = ir.AttrFloat32("out_bias", bias + scale * n)
+            rt = rt.negated().scaled(np.array([-vec[0]], dtype=object))
+        elif any(v == 0 for v in vec):
+            rt = _zero_factor(rt.broadcast_channels(len(vec)) if len(vec) > 1 else rt, vec)
+        else:
+            rt = rt.scaled(vec)
+        node.replace_input_with(0, mul.inputs[1 - ci])
+        model.remove_node(mul)
+        _set(model, node, rt)
+
+
+def _zero_factor(rt: RealThresholds, vec: np.ndarray) -> RealThresholds:
+    """Thresholds for a·x where some a are zero: those channels pass a threshold iff 0 does (0 ≥ R or 0 > R)."""
+    real, strict = rt.real.copy(), rt.strict.copy()
+    for c in range(real.shape[0]):
+        a = vec[c if len(vec) > 1 else 0]
+        for m in range(real.shape[1]):
+            if a == 0:
+                passed = 0 > real[c, m] or (0 == real[c, m] and not strict[c, m])
+                real[c, m], strict[c, m] = (-_FAR if passed else _FAR), False
+            else:
+                real[c, m] = real[c, m] / a
+    return RealThresholds(real, strict)
+
+
+def _weight_channel_axis(node: ir.Node) -> int | None:
+    """The output-channel axis of a MatMul ([K, N]: 1) or Conv ([O, I/g, ...]: 0) weight."""
+    if node.op_type == "MatMul":
+        return 1
+    if node.op_type == "Conv":
+        return 0
+    return None
+
+
+@register_pass(group="absorb")
+class AbsorbSignIntoWeights(Rule):
+    """Mul(Conv/MatMul(x, W), a) with per-channel a of mixed sign → Mul(Conv/MatMul(x, W·σ), |a|), σ = sign(a).
+
+    Algebra: negating output channel c of the weights negates output c, so (x·W)_c · a_c = (x·(−W))_c · |a_c|.
+    Conditions: W is a constant integer tensor, the product feeds only the Mul, a varies only along the output
+    channel axis (1 for NCHW Conv outputs, last for MatMul). The weight datatype is widened when needed (INT4 −8
+    becomes 8, an INT5 value)."""
+
+    op_types = ("Mul",)
+
+    def match(self, model: Any, node: ir.Node) -> Any:
+        c = const_operand(node)
+        if c is None:
+            return None
+        x = node.inputs[1 - c[0]]
+        prod = x.producer()
+        if prod is None or _weight_channel_axis(prod) is None or len(x.uses()) != 1:
+            return None
+        w = const_array(prod.inputs[1])
+        if w is None or not np.array_equal(w, np.round(w)):
+            return None
+        rank = len(x.shape) if x.shape is not None else None
+        out_axis = 1 if prod.op_type == "Conv" else (rank - 1 if rank else None)
+        if rank is None or out_axis is None:
+            return None
+        vec = channel_vector(exact_value(node, c[1]), rank, out_axis)
+        if vec is None or len(vec) == 1 or not any(v < 0 for v in vec):
+            return None
+        return node, c, prod, w, vec, rank, out_axis
+
+    def rewrite(self, model: Any, match: Any) -> None:
+        node, (ci, _), prod, w, vec, rank, out_axis = match
+        signs = np.array([-1.0 if v < 0 else 1.0 for v in vec], dtype=np.float32)
+        waxis = _weight_channel_axis(prod)
+        shape = [1] * w.ndim
+        shape[waxis] = len(signs)
+        new_w = (w * signs.reshape(shape)).astype(w.dtype)
+        wv = model.add_initializer(new_w, prefix=f"{prod.inputs[1].name}_signed")
+        from streamline.datatypes import Range
+
+        model.set_tensor_datatype(wv.name, Range.of_array(new_w).datatype())
+        prod.replace_input_with(1, wv)
+        absval = np.array([abs(v) for v in vec], dtype=object)
+        shaped = shaped_for_axis(absval, rank, out_axis)
+        node.replace_input_with(ci, model.add_initializer(to_float32(shaped), prefix=f"{node.name}_abs"))
+        set_exact(node, shaped)
+
+
+@register_pass(group="absorb")
+class AbsorbSignBiasIntoMultiThreshold(Rule):
+    """Add(MultiThreshold(x), b) → MultiThreshold(x) with out_bias + b, for a scalar integer b.
+
+    Algebra: out_scale·k + out_bias + b. Condition: the MultiThreshold feeds only the Add; b is an integer so the
+    output stays integer (its datatype annotation is re-inferred)."""
+
+    op_types = ("Add",)
+
+    def match(self, model: Any, node: ir.Node) -> Any:
+        c = const_operand(node)
+        if c is None:
+            return None
+        x = node.inputs[1 - c[0]]
+        mt = x.producer()
+        if mt is None or mt.op_type != "MultiThreshold" or len(x.uses()) != 1 or x.is_graph_output():
+            return None
+        if np.asarray(c[1]).size != 1 or float(np.asarray(c[1]).ravel()[0]) != int(np.asarray(c[1]).ravel()[0]):
+            return self.miss(node, "bias after MultiThreshold is not a scalar integer")
+        return node, mt, float(np.asarray(c[1]).ravel()[0])
+
+    def rewrite(self, model: Any, match: Any) -> None:
+        node, mt, b = match
+        bias = float(mt.attributes["out_bias"].value) if "out_bias" in mt.attributes else 0.0
+        mt.attributes["out_bias"] = ir.AttrFloat32("out_bias", bias + b)
+        model.replace_uses(node.outputs[0], mt.outputs[0])
+        model.remove_node(node)
+
+
+@register_pass(group="absorb")
+class MaterializeThresholds(Transformation):
+    """Re-materialize every MultiThreshold's thresholds from its real thresholds and its input's current datatype
+    (integer thresholds once the input is integer). True if any threshold tensor changed."""
+
+    def apply(self, model: Any) -> bool:
+        changed = False
+        for node in model.get_nodes_by_op_type("MultiThreshold"):
+            changed |= materialize(model, node)
+        return changed
+
+
+#: The absorb rules, in the order a round applies them.
+ABSORB_PASSES = [AbsorbReluIntoMultiThreshold, AbsorbSignIntoWeights, AbsorbAddIntoMultiThreshold,
+                 AbsorbMulIntoMultiThreshold, AbsorbSignBiasIntoMultiThreshold]

@@ -1,0 +1,100 @@
+"""Constants of elementwise Mul/Add nodes, kept exactly, and their broadcasting along a channel axis.
+
+Streamlining folds scales into each other (weight scale × BatchNorm factor × activation scale) and finally into
+thresholds. A float32 initializer holds each product rounded; the exact value (a rational: every float is dyadic,
+and BatchNorm's factor is taken from its float64 evaluation) travels with the node in its ``metadata_props`` under
+``finnlite.exact`` so that thresholds are computed from the exact value, not from a rounded one. The float32
+initializer stays what the graph computes when executed.
+
+Helpers here find a node's constant operand, read it exactly, and reduce it to a per-channel vector.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from finnlite.shapes import const_array
+from streamline.real_thresholds import fractions_of
+
+EXACT_KEY = "finnlite.exact"
+
+
+def const_operand(node: ir.Node) -> tuple[int, np.ndarray] | None:
+    """``(index, value)`` of the single constant input of a two-input elementwise node, or None."""
+    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return None
+    c0, c1 = const_array(node.inputs[0]), const_array(node.inputs[1])
+    if (c0 is None) == (c1 is None):
+        return None
+    return (1, c1) if c1 is not None else (0, c0)  # type: ignore[return-value]
+
+
+def exact_value(node: ir.Node, value: np.ndarray) -> np.ndarray:
+    """The exact constant of ``node`` as an object array of Fractions (its metadata if present, else ``value``)."""
+    text = node.metadata_props.get(EXACT_KEY)
+    if text:
+        data = json.loads(text)
+        arr = np.empty(len(data["values"]), dtype=object)
+        for i, s in enumerate(data["values"]):
+            arr[i] = Fraction(s)
+        return arr.reshape(tuple(data["shape"]))
+    return fractions_of(value)
+
+
+def set_exact(node: ir.Node, exact: np.ndarray | None) -> None:
+    """Record the exact constant of ``node`` (None removes it). Stored only when it differs from float32."""
+    if exact is None:
+        node.metadata_props.pop(EXACT_KEY, None)
+        return
+    exact = np.asarray(exact, dtype=object)
+    if all(Fraction(float(np.float32(float(v)))) == v for v in exact.ravel()):
+        node.metadata_props.pop(EXACT_KEY, None)
+        return
+    node.metadata_props[EXACT_KEY] = json.dumps(
+        {"shape": list(exact.shape), "values": [f"{v.numerator}/{v.denominator}" for v in exact.ravel()]})
+
+
+def to_float32(exact: np.ndarray) -> np.ndarray:
+    """The float32 array nearest to an object array of Fractions."""
+    return np.asarray([float(v) for v in np.asarray(exact, dtype=object).ravel()], dtype=np.float64
+                      ).astype(np.float32).reshape(np.shape(exact))
+
+
+def channel_vector(value: np.ndarray, rank: int, axis: int) -> np.ndarray | None:
+    """``value`` as a 1-D per-channel vector (length 1 for a scalar) if it broadcasts against a tensor of ``rank``
+    and varies only along ``axis``; None otherwise."""
+    arr = np.asarray(value, dtype=object) if np.asarray(value).dtype == object else np.asarray(value)
+    if arr.ndim > rank:
+        return None
+    shape = (1,) * (rank - arr.ndim) + tuple(arr.shape)
+    arr = arr.reshape(shape)
+    for i, d in enumerate(shape):
+        if d != 1 and i != (axis % rank):
+            return None
+    return arr.reshape(-1)
+
+
+def shaped_for_axis(vec: np.ndarray, rank: int, axis: int) -> np.ndarray:
+    """A per-channel vector reshaped to broadcast along ``axis`` of a tensor of ``rank`` (scalars stay scalars)."""
+    vec = np.asarray(vec)
+    if vec.size == 1:
+        return vec.reshape(())
+    shape = [1] * rank
+    shape[axis % rank] = vec.size
+    return vec.reshape(shape)
+
+
+def new_const_node(model: Any, op: str, x: ir.Value, exact: np.ndarray, rank: int, axis: int, like: ir.Value,
+                   name: str) -> ir.Node:
+    """A new ``op`` (Mul or Add) node computing ``x op c`` with ``c`` the float32 rounding of the exact per-channel
+    vector ``exact`` (shaped for ``axis``), its exact value recorded; its output is like ``like``."""
+    shaped = shaped_for_axis(np.asarray(exact, dtype=object), rank, axis)
+    c = model.add_initializer(to_float32(shaped), prefix=f"{name}_c")
+    node = ir.Node("", op, [x, c], outputs=[model.make_value_like(like, name)], name=name)
+    set_exact(node, shaped)
+    return node
