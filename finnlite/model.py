@@ -62,7 +62,7 @@ class Model:
                 self.ir = ir.serde.deserialize_model(proto)
             except Exception as exc:  # onnx_ir reports malformed protos with many exception types
                 raise ModelLoadError(f"cannot read the ONNX graph: {exc}", file=self.path) from exc
-        self._values: dict[str, ir.Value] = {}
+        self._values: dict[str, ir.Value | None] = {}
         self._name_counter = itertools.count()
         self._remove_initializer_inputs()
         self._reindex()
@@ -110,7 +110,7 @@ class Model:
             self.graph.inputs.extend(keep)
 
     def _reindex(self) -> None:
-        values: dict[str, ir.Value] = {}
+        values: dict[str, ir.Value | None] = {name: None for name, v in self._values.items() if v is None}
         for v in self.graph.inputs:
             values[v.name] = v
         for name, v in self.graph.initializers.items():
@@ -150,13 +150,15 @@ class Model:
     def get_all_tensor_names(self) -> list[str]:
         """Names of every graph input, initializer and node output."""
         self._reindex()
-        return list(self._values)
+        return [name for name, v in self._values.items() if v is not None]
 
     def make_new_valueinfo_name(self, prefix: str = "t") -> str:
-        """A tensor name not yet used in the graph."""
+        """A tensor name not yet used in the graph, in O(1): checked against the name index, which holds every
+        name the model has seen (values made with :meth:`make_value`/:meth:`make_value_like` are added to it)."""
         while True:
             name = f"{prefix}_{next(self._name_counter)}"
-            if name not in self._values and self.value(name) is None:
+            if name not in self._values:
+                self._values[name] = None  # reserved until the caller's value takes it
                 return name
 
     def make_value(self, prefix: str = "t", shape: Sequence[int] | None = None,

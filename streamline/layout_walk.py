@@ -1,0 +1,492 @@
+"""The walk behind :class:`streamline.layout.ConvertToNHWC`: one pass over the graph in topological order.
+
+Every tensor ``t`` of the original graph is represented by a :class:`Rep`: a tensor ``u`` of the rewritten graph
+and a permutation ``perm`` with ``u = t.transpose(perm)``, or, for a 2-D tensor after a flatten, a column order
+``cols`` with ``u = t[:, cols]``. Each node is rewritten to compute the representation of its outputs from the
+representations of its inputs; where an op has no rule, its inputs are transposed back (``materialize``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from custom_ops.multithreshold import channel_axis_of
+from finnlite.errors import PassError
+from finnlite.passes import Miss
+from finnlite.shapes import const_array
+from streamline.lower_common import (TO_NHWC, Perm, add_const, annotated_or_values, attr, copy_annotations,
+                                     drop_if_unused, identity, inverse, is_op, new_value, permute_layout, set_attr,
+                                     then, transpose_perm)
+from streamline.real_thresholds import RealThresholds, get_real_thresholds, set_real_thresholds
+
+if TYPE_CHECKING:
+    from finnlite.model import Model
+
+#: standard ops that act elementwise, broadcasting their operands (numpy rules)
+ELEMENTWISE = frozenset({
+    "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Pow", "Mod", "PRelu", "Where", "Equal", "Less",
+    "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "BitShift", "Relu", "Neg", "Abs", "Clip",
+    "Round", "Floor", "Ceil", "Sign", "Identity", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid",
+    "HardSwish", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Not", "Cast", "Softplus", "Softsign", "IsNaN", "IsInf",
+})
+#: custom ops that act elementwise with broadcast parameters
+ELEMENTWISE_CUSTOM = frozenset({"Quant", "IntQuant", "BipolarQuant", "Trunc"})
+#: the layout letters assumed for an unannotated tensor of each rank
+DEFAULT_LAYOUT = {4: ["N", "C", "H", "W"], 2: ["N", "C"]}
+
+
+@dataclass(frozen=True)
+class Rep:
+    """``value = original.transpose(perm)``, or ``value = original[:, cols]`` if ``cols`` is set (rank 2)."""
+
+    value: ir.Value
+    perm: Perm
+    cols: tuple[int, ...] | None = None
+
+    @property
+    def plain(self) -> bool:
+        return self.cols is None and self.perm == identity(len(self.perm))
+
+
+def _rank(v: ir.Value) -> int | None:
+    if v.shape is not None:
+        return len(v.shape)
+    arr = const_array(v)
+    return None if arr is None else arr.ndim
+
+
+def _shape(v: ir.Value) -> tuple[int, ...] | None:
+    if v.shape is None:
+        arr = const_array(v)
+        return None if arr is None else tuple(arr.shape)
+    return tuple(d if isinstance(d, int) else -1 for d in v.shape)
+
+
+def _is_elementwise(node: ir.Node) -> bool:
+    return is_op(node, *ELEMENTWISE, custom=False) or is_op(node, *ELEMENTWISE_CUSTOM, custom=True)
+
+
+class LayoutWalk:
+    """One NCHW → NHWC conversion of ``model`` (see the module docstring); ``edits`` counts structural changes."""
+
+    def __init__(self, model: "Model", pass_name: str = "ConvertToNHWC") -> None:
+        self.model = model
+        self.pass_name = pass_name
+        self.env: dict[ir.Value, Rep] = {}
+        self.logical: dict[ir.Value, list[str] | None] = {}
+        self.consts: dict[tuple[ir.Value, object], ir.Value] = {}
+        self.transposes: dict[tuple[ir.Value, Perm], ir.Value] = {}
+        self.bypassed: list[ir.Node] = []
+        self.misses: list[Miss] = []
+        self.edits = 0
+
+    # -- representations ---------------------------------------------------------------------------------------
+    def rep(self, v: ir.Value) -> Rep:
+        r = self.env.get(v)
+        if r is None:
+            rank = _rank(v)
+            r = Rep(v, identity(rank) if rank is not None else ())
+        return r
+
+    def _logical_layout(self, v: ir.Value) -> list[str] | None:
+        if v not in self.logical:
+            lay = self.model.get_tensor_layout(v.name) if v.name else None
+            if lay is None or len(lay) != (_rank(v) or 0):
+                lay = DEFAULT_LAYOUT.get(_rank(v) or 0)
+            self.logical[v] = lay
+        return self.logical[v]
+
+    def _record(self, original: ir.Value, rep: Rep) -> None:
+        self._logical_layout(original)
+        self.env[original] = rep
+
+    def _set_output(self, out: ir.Value, perm: Perm, cols: tuple[int, ...] | None = None) -> None:
+        """``out`` (an output of a rewritten node) now holds the original ``out`` permuted by ``perm``/``cols``."""
+        self._logical_layout(out)
+        shape = _shape(out)
+        if shape is not None and cols is None and len(perm) == len(shape):
+            out.shape = ir.Shape([shape[i] for i in perm])
+        self.env[out] = Rep(out, perm, cols)
+
+    # -- edits ---------------------------------------------------------------------------------------------------
+    def _miss(self, node: ir.Node, reason: str) -> None:
+        self.misses.append(Miss(self.pass_name, node.name or node.op_type, reason))
+
+    def materialize(self, original: ir.Value, target: Perm, before: ir.Node | None) -> ir.Value:
+        """A tensor equal to ``original.transpose(target)``: the representation itself, or a Transpose of it
+        inserted before ``before`` (at the end of the graph if None)."""
+        r = self.rep(original)
+        if r.cols is not None:
+            raise PassError(f"internal: cannot undo the feature order of '{original.name}' (a flatten consumer "
+                            "was admitted without a rule)", tensor=original.name)
+        if r.perm == target:
+            return r.value
+        key = (r.value, target)
+        if key not in self.transposes:
+            perm = then(inverse(r.perm), target)
+            shape = _shape(r.value)
+            out = new_value(self.model, f"{original.name}_t", [shape[i] for i in perm] if shape else None, None)
+            copy_annotations(self.model, r.value, out)
+            label = before.name or before.op_type if before is not None else original.name
+            node = ir.Node("", "Transpose", [r.value], attributes=[ir.AttrInt64s("perm", list(perm))],
+                           outputs=[out], name=f"{label}_layout_{len(self.transposes)}")
+            if before is None:
+                self.model.graph.append(node)
+            else:
+                self.model.graph.insert_before(before, node)
+            self.transposes[key] = out
+            lay = self._logical_layout(original)
+            self.logical[out] = permute_layout(lay, target) if lay is not None else None
+            self.env[out] = Rep(out, identity(len(perm)))
+            self.edits += 1
+        return self.transposes[key]
+
+    def _permuted_const(self, v: ir.Value, arr: np.ndarray, key: object, fn: Callable[[np.ndarray], np.ndarray]
+                        ) -> ir.Value:
+        k = (v, key)
+        if k not in self.consts:
+            new = add_const(self.model, fn(arr), f"{v.name}_nhwc", annotated_or_values(self.model, v, arr))
+            self.consts[k] = new
+        return self.consts[k]
+
+    def _set_input(self, node: ir.Node, i: int, value: ir.Value) -> None:
+        old = node.inputs[i]
+        if old is not value:
+            node.replace_input_with(i, value)
+            drop_if_unused(self.model, old)
+            self.edits += 1
+
+    # -- the walk ----------------------------------------------------------------------------------------------
+    def insert_input_transposes(self) -> None:
+        """Represent each 4-D NCHW graph input ``x`` by ``Transpose(x, NCHW→NHWC)``, unless its only consumer is
+        already that Transpose. The Transpose is kept; its consumers read the NHWC tensor."""
+        graph = self.model.graph
+        for x in list(graph.inputs):
+            if _rank(x) != 4 or self._logical_layout(x) != DEFAULT_LAYOUT[4]:
+                continue
+            uses = list(x.uses())
+            if not uses:
+                continue
+            if len(uses) == 1 and is_op(uses[0].node, "Transpose", custom=False) \
+                    and transpose_perm(uses[0].node, 4) == TO_NHWC:
+                continue
+            shape = _shape(x)
+            t = new_value(self.model, f"{x.name}_nhwc", [shape[i] for i in TO_NHWC] if shape else None, None,
+                          ["N", "H", "W", "C"])
+            copy_annotations(self.model, x, t)
+            node = ir.Node("", "Transpose", [x], attributes=[ir.AttrInt64s("perm", list(TO_NHWC))], outputs=[t],
+                           name=f"{x.name}_to_nhwc")
+            graph.insert_before(next(iter(graph)), node)
+            for u in uses:
+                u.node.replace_input_with(u.idx, t)
+            self.model.set_tensor_layout(x.name, DEFAULT_LAYOUT[4])
+            self.edits += 1
+            # the consumers now read t in place of x: t represents x, permuted
+            self.env[t] = Rep(t, TO_NHWC)
+            self.logical[t] = DEFAULT_LAYOUT[4]
+
+    def run(self) -> None:
+        """Rewrite every node, restore the graph outputs' layout, drop the bypassed Transposes, annotate layouts."""
+        for node in list(self.model.graph):
+            self.visit(node)
+        self._restore_outputs()
+        for node in reversed(self.bypassed):
+            self.model.remove_node(node)
+        self._annotate()
+
+    def visit(self, node: ir.Node) -> None:
+        reps = [None if v is None else self.rep(v) for v in node.inputs]
+        if is_op(node, "Transpose", custom=False) and not node.inputs[0].is_graph_input() \
+                and const_array(node.inputs[0]) is None:
+            self._transpose(node, reps[0])
+            return
+        if all(r is None or r.plain for r in reps):
+            for i, (v, r) in enumerate(zip(node.inputs, reps)):
+                if r is not None and r.value is not v:
+                    self._set_input(node, i, r.value)  # behind a removed Transpose pair
+            for out in node.outputs:
+                self._logical_layout(out)
+            return
+        if is_op(node, "MultiThreshold", custom=True):
+            self._multithreshold(node, reps)
+        elif is_op(node, "QuantAvgPool2d", custom=True):
+            self._quantavgpool(node, reps)
+        elif _is_elementwise(node):
+            self._elementwise(node, reps)
+        elif is_op(node, "Concat", custom=False):
+            self._concat(node, reps)
+        elif is_op(node, "Flatten", "Reshape", custom=False):
+            self._flatten(node, reps)
+        elif is_op(node, "MatMul", custom=False):
+            self._matmul(node, reps)
+        else:
+            self._fallback(node, f"{node.op_type} has no NHWC rule")
+
+    # -- rules -------------------------------------------------------------------------------------------------------
+    def _fallback(self, node: ir.Node, reason: str) -> None:
+        """Feed ``node`` its inputs in their original layout (a Transpose where they are permuted)."""
+        transposed = False
+        for i, v in enumerate(node.inputs):
+            if v is None:
+                continue
+            r = self.rep(v)
+            if r.plain and r.value is v:
+                continue
+            if not r.plain:
+                transposed = True
+            self._set_input(node, i, self.materialize(v, identity(len(r.perm)), node))
+        if transposed:
+            self._miss(node, f"{reason}: Transpose to the original layout inserted")
+        for out in node.outputs:
+            self._logical_layout(out)
+
+    def _transpose(self, node: ir.Node, r: Rep) -> None:
+        """Transpose(q) of a tensor represented by ``u = t.transpose(p)``: its output ``t.transpose(q)`` is
+        represented by the same ``u`` with ``q⁻¹ ∘ p``; the node is removed at the end."""
+        q = transpose_perm(node, len(r.perm))
+        if r.cols is not None or not r.perm or len(q) != len(r.perm):
+            self._fallback(node, "Transpose of a tensor of unknown rank or feature order")
+            return
+        self._record(node.outputs[0], Rep(r.value, then(inverse(q), r.perm)))
+        self.bypassed.append(node)
+        self.edits += 1
+
+    def _constant_operand(self, node: ir.Node, i: int, arr: np.ndarray, perm: Perm, rank: int) -> None:
+        """Transpose constant input ``i`` (broadcasting against a rank-``rank`` tensor, so of rank ≤ ``rank``:
+        missing leading axes are 1) by ``perm``."""
+        if arr.size == 1 or perm == identity(rank):
+            return
+        full_shape = (1,) * (rank - arr.ndim) + arr.shape
+        self._set_input(node, i, self._permuted_const(
+            node.inputs[i], arr, ("perm", perm, rank), lambda a: a.reshape(full_shape).transpose(perm)))
+
+    def _elementwise(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        out_rank = _rank(node.outputs[0])
+        dyn = [(i, v, r) for i, (v, r) in enumerate(zip(node.inputs, reps))
+               if v is not None and r is not None and const_array(v) is None]
+        cols = next((r.cols for _, _, r in dyn if r.cols is not None), None)
+        if cols is not None:
+            self._elementwise_cols(node, dyn, cols)
+            return
+        if out_rank is None or any(len(r.perm) != out_rank for _, _, r in dyn):
+            self._fallback(node, "broadcast of dynamic operands of different ranks")
+            return
+        consts = {i: const_array(v) for i, v in enumerate(node.inputs) if v is not None and i not in
+                  {j for j, _, _ in dyn}}
+        if any(arr is None or arr.ndim > out_rank for arr in consts.values()):
+            self._fallback(node, "an operand that does not broadcast")
+            return
+        target = next((r.perm for _, _, r in dyn if not r.plain), identity(out_rank))
+        for i, arr in consts.items():
+            self._constant_operand(node, i, arr, target, out_rank)
+        for i, v, _ in dyn:
+            self._set_input(node, i, self.materialize(v, target, node))
+        for out in node.outputs:
+            self._set_output(out, target)
+
+    def _elementwise_cols(self, node: ir.Node, dyn: list, cols: tuple[int, ...]) -> None:
+        for _, v, r in dyn:
+            if r.cols != cols:
+                raise PassError("internal: operands with different feature orders", node=node.name)
+        idx = np.asarray(cols)
+        for i, v in enumerate(node.inputs):
+            if v is None:
+                continue
+            arr = const_array(v)
+            if arr is None:
+                self._set_input(node, i, self.rep(v).value)
+            elif arr.size != 1:
+                self._set_input(node, i, self._permuted_const(v, arr, ("cols", cols),
+                                                              lambda a: a.reshape(1, -1)[:, idx]))
+        self._set_output(node.outputs[0], identity(2), cols)
+
+    def _multithreshold(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """The thresholds stay; the channel axis moves: ``data_layout`` becomes the permuted layout. After a
+        flatten the channels are the features: per-feature threshold rows (and real thresholds) are permuted."""
+        r, t = reps[0], const_array(node.inputs[1])
+        if r is None or t is None:
+            self._fallback(node, "MultiThreshold without constant thresholds")
+            return
+        self._set_input(node, 0, r.value)
+        if r.cols is not None:
+            if t.shape[0] == len(r.cols):
+                idx = np.asarray(r.cols)
+                self._set_input(node, 1, self._permuted_const(node.inputs[1], t, ("rows", r.cols),
+                                                              lambda a: a[idx]))
+                rt = get_real_thresholds(node)
+                if rt is not None and rt.shape[0] == len(idx):
+                    set_real_thresholds(node, RealThresholds(rt.real[idx], rt.strict[idx]))
+            self._set_output(node.outputs[0], identity(2), r.cols)
+            return
+        rank = len(r.perm)
+        layout = str(attr(node, "data_layout", "") or "")
+        if len(layout) != rank:  # qonnx's guess from the rank, spelled out
+            letters = list("NHWDEFGIJK"[:rank - 1])
+            letters.insert(channel_axis_of(layout, rank), "C")
+            layout = "".join(letters)
+        set_attr(node, ir.AttrString("data_layout", "".join(permute_layout(list(layout), r.perm))))
+        self.edits += 1
+        self._set_output(node.outputs[0], r.perm)
+
+    def _quantavgpool(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        r = reps[0]
+        layout = str(attr(node, "data_layout", "NCHW") or "NCHW")
+        if r is None or r.cols is not None or len(r.perm) != 4:
+            self._fallback(node, "QuantAvgPool2d input is not 4-D")
+            return
+        new_layout = "".join(permute_layout(list(layout), r.perm))
+        if new_layout not in ("NCHW", "NHWC"):
+            self._fallback(node, f"QuantAvgPool2d has no layout {new_layout}")
+            return
+        self._set_input(node, 0, r.value)
+        set_attr(node, ir.AttrString("data_layout", new_layout))
+        self.edits += 1
+        self._set_output(node.outputs[0], r.perm)
+
+    def _concat(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        rank = _rank(node.outputs[0])
+        dyn = [r for v, r in zip(node.inputs, reps) if v is not None and r is not None and const_array(v) is None]
+        if rank is None or any(r.cols is not None or len(r.perm) != rank for r in dyn):
+            self._fallback(node, "Concat of tensors of another rank or feature order")
+            return
+        target = next((r.perm for r in dyn if not r.plain), identity(rank))
+        for i, v in enumerate(node.inputs):
+            arr = const_array(v)
+            if arr is not None:
+                if target != identity(rank):
+                    self._set_input(node, i, self._permuted_const(v, arr, ("perm", target, rank),
+                                                                  lambda a: a.transpose(target)))
+            else:
+                self._set_input(node, i, self.materialize(v, target, node))
+        axis = int(attr(node, "axis", 0)) % rank
+        set_attr(node, ir.AttrInt64("axis", target.index(axis)))
+        self._set_output(node.outputs[0], target)
+
+    def _flatten(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """A flatten ``[N, ...] → [N, F]`` of ``u = t.transpose(p)`` with ``p[0] = 0`` is ``flat(t)[:, cols]``:
+        kept as is when every consumer of the result can take the feature order (:meth:`sinkable`)."""
+        r, out = reps[0], node.outputs[0]
+        phys, out_shape = (_shape(r.value) if r is not None else None), _shape(out)
+        if r is None or r.cols is not None or phys is None or out_shape is None or len(phys) != len(r.perm):
+            self._fallback(node, "flatten of a tensor without static shape")
+            return
+        in_shape = tuple(phys[i] for i in inverse(r.perm))  # the original tensor's shape
+        flatten = (len(out_shape) == 2 and out_shape[0] == in_shape[0] and r.perm and r.perm[0] == 0
+                   and all(d > 0 for d in in_shape)
+                   and (node.op_type == "Reshape" or int(attr(node, "axis", 1)) == 1))
+        if not flatten:
+            self._fallback(node, f"{node.op_type} is not a flatten to [N, features]")
+            return
+        inner = [p - 1 for p in r.perm[1:]]
+        cols = tuple(int(c) for c in np.arange(int(np.prod(in_shape[1:]))).reshape(in_shape[1:])
+                     .transpose(inner).ravel())
+        if cols == tuple(range(len(cols))):
+            self._set_input(node, 0, r.value)
+            self._set_output(out, identity(2))
+            return
+        if not self.sinkable(out, len(cols)):
+            self._fallback(node, "the flattened features reach an op that needs their original order")
+            return
+        self._set_input(node, 0, r.value)
+        self._set_output(out, identity(2), cols)
+
+    def sinkable(self, v: ir.Value, features: int) -> bool:
+        """True if every path from ``v`` ends in a MatMul with a constant weight, passing only through
+        MultiThresholds and elementwise ops with scalar or per-feature constants (the ops that have a rule for a
+        feature order), and ``v`` reaches no graph output."""
+        stack, seen = [v], set()
+        while stack:
+            cur = stack.pop()
+            if cur in seen:
+                continue
+            seen.add(cur)
+            if cur.is_graph_output():
+                return False
+            for use in cur.uses():
+                n = use.node
+                if use.idx == 0 and is_op(n, "MatMul", custom=False):
+                    w = const_array(n.inputs[1])
+                    if w is None or w.ndim != 2 or w.shape[0] != features:
+                        return False
+                elif use.idx == 0 and is_op(n, "MultiThreshold", custom=True) and \
+                        const_array(n.inputs[1]) is not None:
+                    stack.append(n.outputs[0])
+                elif _is_elementwise(n) and len(n.outputs) == 1:
+                    for j, other in enumerate(n.inputs):
+                        if other is None or j == use.idx:
+                            continue
+                        arr = const_array(other)
+                        if arr is None or (arr.size != 1 and arr.size != features) or \
+                                (arr.size == features and arr.shape[-1] != features):
+                            return False
+                    stack.append(n.outputs[0])
+                else:
+                    return False
+        return True
+
+    def _matmul(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """``u @ W`` with a constant ``W``: a feature order becomes an order of W's rows; a permutation that keeps
+        the last axis last commutes with the product."""
+        r, w = reps[0], const_array(node.inputs[1])
+        if r is None or w is None or w.ndim != 2 or (reps[1] is not None and not reps[1].plain):
+            self._fallback(node, "MatMul without a constant 2-D weight")
+            return
+        if r.cols is not None:
+            idx = np.asarray(r.cols)
+            self._set_input(node, 0, r.value)
+            self._set_input(node, 1, self._permuted_const(node.inputs[1], w, ("rows", r.cols), lambda a: a[idx]))
+            self._set_output(node.outputs[0], identity(2))
+            return
+        rank = len(r.perm)
+        if rank < 2 or r.perm[-1] != rank - 1:
+            self._fallback(node, "MatMul over a permuted last axis")
+            return
+        self._set_input(node, 0, r.value)
+        self._set_output(node.outputs[0], r.perm)
+
+    # -- the end -------------------------------------------------------------------------------------------------
+    def _restore_outputs(self) -> None:
+        """Give every graph output its original layout and name (a Transpose back where it is permuted)."""
+        graph = self.model.graph
+        for k, o in enumerate(list(graph.outputs)):
+            r = self.env.get(o)
+            if r is None or (r.plain and r.value is o):
+                continue
+            if r.plain:
+                value = r.value
+                if value.is_graph_input() or value.is_graph_output():
+                    value = new_value(self.model, f"{o.name}_id", _shape(value), None)
+                    copy_annotations(self.model, r.value, value)
+                    graph.append(ir.Node("", "Identity", [r.value], outputs=[value], name=f"{o.name}_identity"))
+            else:
+                self._miss_output(o)
+                value = self.materialize(o, identity(len(r.perm)), None)
+            lay = self._logical_layout(o)
+            name = o.name
+            o.name = self.model.make_new_valueinfo_name(f"{name}_internal")
+            graph.outputs[k] = value
+            value.name = name
+            self.model._values[name] = value
+            self.env[value] = Rep(value, identity(len(r.perm)))
+            self.logical[value] = lay
+            self.edits += 1
+
+    def _miss_output(self, o: ir.Value) -> None:
+        self.misses.append(Miss(self.pass_name, o.name, "a 4-D graph output keeps its layout: Transpose inserted"))
+
+    def _annotate(self) -> None:
+        """``tensor_layout`` of every tensor the walk saw that is still in the graph: its original layout, permuted
+        as its representation is."""
+        for original, lay in self.logical.items():
+            if lay is None:
+                continue
+            r = self.env.get(original) or Rep(original, identity(len(lay)))
+            v, producer = r.value, r.value.producer()
+            alive = v.is_graph_input() or (producer is not None and producer.graph is self.model.graph)
+            if not alive or (r.cols is None and len(r.perm) != len(lay)):
+                continue
+            self.model.set_tensor_layout(v.name, lay if r.cols is not None else permute_layout(lay, r.perm))
