@@ -9,7 +9,6 @@ thresholds as exact: ``x ≥ T`` is what it computes.
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -20,12 +19,7 @@ from finnlite.datatypes import is_integer_type
 from finnlite.passes import Rule, Transformation, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
-from streamline.real_thresholds import (RealThresholds, fractions_of, get_real_thresholds, relu_composed,
-                                        set_real_thresholds)
-
-#: a rational standing for "below/above every value the input can take"
-_FAR = Fraction(2**64)
-
+from streamline.real_thresholds import RealThresholds, get_real_thresholds, relu_composed, set_real_thresholds
 
 def mt_channel_axis(node: ir.Node) -> int:
     """The channel axis of a MultiThreshold node (from its data_layout and its input's rank)."""
@@ -40,7 +34,7 @@ def real_thresholds_of(model: Any, node: ir.Node) -> RealThresholds:
     if rt is not None:
         return rt
     t = const_array(node.inputs[1])
-    return RealThresholds(fractions_of(t), np.zeros(t.shape, dtype=bool))
+    return RealThresholds(t.astype(np.float64), np.zeros(t.shape, dtype=bool))
 
 
 def materialize(model: Any, node: ir.Node) -> bool:
@@ -163,27 +157,11 @@ class AbsorbMulIntoMultiThreshold(Rule):
             node.attributes["out_scale"] = ir.AttrFloat32("out_scale", -scale)
             node.attributes["out_bias"] = ir.AttrFloat32("out_bias", bias + scale * n)
             rt = rt.negated().scaled(np.array([-vec[0]], dtype=object))
-        elif any(v == 0 for v in vec):
-            rt = _zero_factor(rt.broadcast_channels(len(vec)) if len(vec) > 1 else rt, vec)
         else:
             rt = rt.scaled(vec)
         node.replace_input_with(0, mul.inputs[1 - ci])
         model.remove_node(mul)
         _set(model, node, rt)
-
-
-def _zero_factor(rt: RealThresholds, vec: np.ndarray) -> RealThresholds:
-    """Thresholds for a·x where some a are zero: those channels pass a threshold iff 0 does (0 ≥ R or 0 > R)."""
-    real, strict = rt.real.copy(), rt.strict.copy()
-    for c in range(real.shape[0]):
-        a = vec[c if len(vec) > 1 else 0]
-        for m in range(real.shape[1]):
-            if a == 0:
-                passed = 0 > real[c, m] or (0 == real[c, m] and not strict[c, m])
-                real[c, m], strict[c, m] = (-_FAR if passed else _FAR), False
-            else:
-                real[c, m] = real[c, m] / a
-    return RealThresholds(real, strict)
 
 
 def _weight_channel_axis(node: ir.Node) -> int | None:

@@ -21,7 +21,7 @@ from finnlite.shapes import const_array
 from streamline.lower_common import (TO_NHWC, Perm, add_const, annotated_or_values, attr, copy_annotations,
                                      drop_if_unused, identity, inverse, is_op, new_value, permute_layout, set_attr,
                                      then, transpose_perm)
-from streamline.real_thresholds import RealThresholds, get_real_thresholds, set_real_thresholds
+from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -319,7 +319,7 @@ class LayoutWalk:
                                                               lambda a: a[idx]))
                 rt = get_real_thresholds(node)
                 if rt is not None and rt.shape[0] == len(idx):
-                    set_real_thresholds(node, RealThresholds(rt.real[idx], rt.strict[idx]))
+                    set_real_thresholds(node, rt.rows(idx))
             self._set_output(node.outputs[0], identity(2), r.cols)
             return
         rank = len(r.perm)

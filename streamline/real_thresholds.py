@@ -5,19 +5,21 @@ original's float32 execution). Once scales and biases are absorbed and its input
 its thresholds must instead follow the *real-number* semantics of the original graph (DESIGN.md): level ``m`` is
 reached when ``x ≥ R[c, m]`` (or ``x > R[c, m]`` where the rounding sends the tie down). The float32 threshold
 alone cannot tell ``R`` from its float32 neighbour, and a one-ulp difference shows up on real models, so the exact
-``R`` (a rational) and the strictness flag travel with the node in its ``metadata_props`` under
-``finnlite.real_thresholds``.
+``R`` and the strictness flag travel with the node in its ``metadata_props`` under ``finnlite.real_thresholds``.
 
-Algebra, with every number an exact :class:`fractions.Fraction` (every float is a dyadic rational):
+Representation (vectorized and exact): ``R[c, m] = (base[c, m] − β[c]) / α[c]`` with ``base`` float64 values that
+are exact (a quantizer's switching points ``s·(k − ½ − z)`` are), and per-channel rationals ``α > 0``, ``β``
+(:class:`fractions.Fraction`; every float is a dyadic rational). Absorbing a constant only updates α and β:
 
-* ``Add(b)`` before the node: ``x + b ≥ R ⇔ x ≥ R − b``;
-* ``Mul(a)``, ``a > 0``: ``a·x ≥ R ⇔ x ≥ R / a``;
-* ``Mul(a)``, ``a < 0``: ``a·x ≥ R ⇔ x ≤ R / a``, a count from above: the node's output becomes
-  ``N − #{x > R/a}``-style, i.e. strictness flips and the caller negates out_scale and shifts out_bias (one sign
-  per node; per-channel mixed signs must be moved into the producer instead).
+* ``Add(b)`` before the node: ``x + b ≥ R ⇔ x ≥ R − b``, i.e. ``β ← β + α·b``;
+* ``Mul(a)``, ``a > 0``: ``a·x ≥ R ⇔ x ≥ R / a``, i.e. ``α ← α·a``;
+* a negative factor: ``x ≥ R ⇔ −x ≤ −R``, a count from above (:meth:`RealThresholds.negated`); the caller negates
+  the node's out_scale and shifts its out_bias by out_scale·N;
+* a zero factor or a Relu: thresholds that 0 passes become −∞, the others (for a zero factor) +∞.
 
-Materializing for an integer input: ``x ≥ R ⇔ x ≥ ⌈R⌉`` and ``x > R ⇔ x ≥ ⌊R⌋ + 1``; for a float32 input: the least
-float32 not below ``R`` (strictly above, for strict thresholds).
+Materializing: for an integer input ``x ≥ R ⇔ x ≥ ⌈R⌉`` and ``x > R ⇔ x ≥ ⌊R⌋ + 1``; for a float32 input the least
+float32 not below ``R`` (strictly above, where strict). Both are computed in float64 with a rigorous error bound
+and recomputed exactly with Fractions only where the bound does not decide (exact ties and near-ties).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,36 +35,80 @@ import numpy as np
 from custom_ops.quant import canonical_rounding_mode, max_int, min_int
 
 META_KEY = "finnlite.real_thresholds"
+_EPS = 2.0 ** -50  # a generous bound on the relative error of a few float64 operations
+
+
+def _frac_column(v: Any) -> np.ndarray:
+    """A 1-D object array of Fractions from a scalar, a float array or an object array."""
+    arr = np.asarray(v, dtype=object).ravel()
+    out = np.empty(arr.size, dtype=object)
+    for i, x in enumerate(arr):
+        out[i] = x if isinstance(x, Fraction) else Fraction(float(x))
+    return out
+
+
+def _exact_base(real: Any) -> np.ndarray:
+    """float64 values of ``real`` (floats or Fractions), which must be exactly representable."""
+    arr = np.asarray(real)
+    if arr.dtype != object:
+        return arr.astype(np.float64)
+    out = np.empty(arr.shape, dtype=np.float64)
+    for idx in np.ndindex(arr.shape):
+        f = float(arr[idx])
+        if math.isfinite(f) and Fraction(f) != arr[idx]:
+            raise ValueError(f"threshold {arr[idx]} is not exact in float64; use alpha/beta for rationals")
+        out[idx] = f
+    return out
 
 
 class RealThresholds:
-    """Exact thresholds ``R`` (object array of Fractions, shape (C, N)) and ``strict`` (bool array, same shape)."""
+    """Exact thresholds ``(base − β) / α`` (module docstring) with per-threshold strictness."""
 
-    def __init__(self, real: np.ndarray, strict: np.ndarray) -> None:
-        self.real = np.asarray(real, dtype=object)
+    def __init__(self, base: Any, strict: Any, alpha: Any = None, beta: Any = None) -> None:
+        self.base = _exact_base(base)
         self.strict = np.asarray(strict, dtype=bool)
-        if self.real.ndim != 2 or self.real.shape != self.strict.shape:
-            raise ValueError(f"real thresholds {self.real.shape} and strict flags {self.strict.shape} must be "
-                             "matching (channels, steps) arrays")
+        if self.base.ndim != 2 or self.base.shape != self.strict.shape:
+            raise ValueError(f"thresholds {self.base.shape} and strict flags {self.strict.shape} must be matching "
+                             "(channels, steps) arrays")
+        self.alpha = _frac_column(1 if alpha is None else alpha)
+        self.beta = _frac_column(0 if beta is None else beta)
+        rows = {self.base.shape[0], self.alpha.size, self.beta.size} - {1}
+        if len(rows) > 1:
+            raise ValueError(f"row counts {self.base.shape[0]}, {self.alpha.size}, {self.beta.size} disagree")
+        if any(a <= 0 for a in self.alpha):
+            raise ValueError("alpha must be positive")
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.real.shape  # type: ignore[return-value]
+        rows = max(self.base.shape[0], self.alpha.size, self.beta.size)
+        return rows, self.base.shape[1]
+
+    def _full(self) -> "RealThresholds":
+        """The same thresholds with every part expanded to one row per channel."""
+        rows = self.shape[0]
+        rep = lambda a: a if a.shape[0] == rows else np.repeat(a, rows, axis=0)  # noqa: E731
+        return RealThresholds(rep(self.base), rep(self.strict), rep(self.alpha), rep(self.beta))
+
+    @property
+    def real(self) -> np.ndarray:
+        """The exact thresholds as an object array of Fractions (slow; for tests and reports)."""
+        full = self._full()
+        out = np.empty(full.base.shape, dtype=object)
+        for c, m in np.ndindex(out.shape):
+            b = full.base[c, m]
+            out[c, m] = (Fraction(b) - full.beta[c]) / full.alpha[c] if math.isfinite(b) else b
+        return out
 
     # -- serialization ---------------------------------------------------------------------------------------
     def to_json(self) -> str:
-        return json.dumps({"shape": list(self.shape),
-                           "real": [f"{f.numerator}/{f.denominator}" for f in self.real.ravel()],
-                           "strict": [int(s) for s in self.strict.ravel()]})
+        return json.dumps({"shape": list(self.base.shape), "base": [float(b).hex() for b in self.base.ravel()],
+                           "strict": [int(s) for s in self.strict.ravel()],
+                           "alpha": [f"{a.numerator}/{a.denominator}" for a in self.alpha],
+                           "beta": [f"{b.numerator}/{b.denominator}" for b in self.beta]})
 
     @staticmethod
     def from_json(text: str) -> "RealThresholds":
-        data = json.loads(text)
-        shape = tuple(data["shape"])
-        real = np.empty(len(data["real"]), dtype=object)
-        for i, s in enumerate(data["real"]):
-            real[i] = Fraction(s)
-        return RealThresholds(real.reshape(shape), np.array(data["strict"], dtype=bool).reshape(shape))
+        return _parse(text)
 
     # -- algebra ---------------------------------------------------------------------------------------------
     def broadcast_channels(self, channels: int) -> "RealThresholds":
@@ -70,70 +117,138 @@ class RealThresholds:
             return self
         if self.shape[0] != 1:
             raise ValueError(f"cannot broadcast {self.shape[0]} threshold rows to {channels} channels")
-        return RealThresholds(np.repeat(self.real, channels, axis=0), np.repeat(self.strict, channels, axis=0))
+        rep = lambda a: np.repeat(a, channels, axis=0)  # noqa: E731
+        return RealThresholds(rep(self.base), rep(self.strict), rep(self.alpha), rep(self.beta))
 
-    def shifted(self, b: np.ndarray) -> "RealThresholds":
+    def rows(self, index: Sequence[int] | np.ndarray) -> "RealThresholds":
+        """The thresholds of the rows ``index`` (e.g. a permutation of the channels)."""
+        full = self._full()
+        idx = np.asarray(index)
+        return RealThresholds(full.base[idx], full.strict[idx], full.alpha[idx], full.beta[idx])
+
+    def _with_rows(self, n: int) -> "RealThresholds":
+        return self if n == 1 or self.shape[0] == n else self.broadcast_channels(n)
+
+    def shifted(self, b: Any) -> "RealThresholds":
         """Thresholds for the input before ``Add(b)``: ``R − b`` (``b`` scalar or one value per channel)."""
-        col = _column(b, self.shape[0])
-        t = self.broadcast_channels(col.shape[0]) if col.shape[0] > 1 else self
-        return RealThresholds(t.real - col, t.strict.copy())
+        col = _frac_column(b)
+        t = self._with_rows(col.size)
+        return RealThresholds(t.base, t.strict, t.alpha, t.beta + t.alpha * col)
 
-    def scaled(self, a: np.ndarray) -> "RealThresholds":
-        """Thresholds for the input before ``Mul(a)`` with every ``a > 0``: ``R / a``."""
-        col = _column(a, self.shape[0])
-        if any(v <= 0 for v in col.ravel()):
-            raise ValueError("scaled() needs positive factors; use negated() first for negative ones")
-        t = self.broadcast_channels(col.shape[0]) if col.shape[0] > 1 else self
-        return RealThresholds(t.real / col, t.strict.copy())
+    def scaled(self, a: Any) -> "RealThresholds":
+        """Thresholds for the input before ``Mul(a)`` with every ``a ≥ 0``: ``R / a``; a zero factor makes each
+        threshold constantly passed (if 0 passes it) or never passed."""
+        col = _frac_column(a)
+        if any(v < 0 for v in col):
+            raise ValueError("scaled() needs non-negative factors; use negated() first for negative ones")
+        t = self._with_rows(col.size)
+        if all(v > 0 for v in col):
+            return RealThresholds(t.base, t.strict, t.alpha * col, t.beta)
+        t = t._full()
+        passed = t._passed_by_zero()
+        zero = np.array([v == 0 for v in (col if col.size > 1 else np.repeat(col, t.shape[0]))])
+        base, strict = t.base.copy(), t.strict.copy()
+        base[zero] = np.where(passed[zero], -np.inf, np.inf)
+        strict[zero] = False
+        alpha = np.array([Fraction(1) if z else a * v for a, v, z in
+                          zip(t.alpha, np.resize(col, t.shape[0]), zero)], dtype=object)
+        beta = np.array([Fraction(0) if z else b for b, z in zip(t.beta, zero)], dtype=object)
+        return RealThresholds(base, strict, alpha, beta)
 
     def negated(self) -> "RealThresholds":
         """Thresholds on ``−x`` for thresholds on ``x``, as a count from above: ``x ≥ R ⇔ −x ≤ −R``, so the number of
         passed thresholds of ``x`` is ``N − #{−x ≥' −R}`` where ``≥'`` is the opposite strictness. The rows are
         reversed so that they stay increasing; the caller maps the count ``k`` to ``N − k``."""
-        return RealThresholds((-self.real)[:, ::-1], (~self.strict)[:, ::-1])
+        return RealThresholds(-self.base[:, ::-1], ~self.strict[:, ::-1], self.alpha, -self.beta)
+
+    def _passed_by_zero(self) -> np.ndarray:
+        """Which thresholds the value 0 passes: ``0 ≥ R`` (``0 > R`` if strict), i.e. ``base ≤ β`` (``<``)."""
+        full = self._full()
+        beta_f = np.array([float(b) for b in full.beta])[:, None]
+        diff = full.base - beta_f
+        out = np.where(full.strict, diff < 0, diff <= 0)
+        unsure = np.isfinite(full.base) & (np.abs(diff) <= _EPS * (np.abs(full.base) + np.abs(beta_f)) + 1e-300)
+        for c, m in zip(*np.nonzero(unsure)):
+            d = Fraction(float(full.base[c, m])) - full.beta[c]
+            out[c, m] = d < 0 if full.strict[c, m] else d <= 0
+        return out
+
+    def relu_composed(self) -> "RealThresholds":
+        """Thresholds on ``x`` for thresholds on ``Relu(x)``: a threshold that ``Relu(x) = 0`` already passes is
+        passed by every ``x`` (−∞); the others are unchanged because ``Relu(x) = x`` above zero."""
+        full = self._full()
+        passed = full._passed_by_zero()
+        base, strict = full.base.copy(), full.strict.copy()
+        base[passed] = -np.inf
+        strict[passed] = False
+        return RealThresholds(base, strict, full.alpha, full.beta)
 
     # -- materialization --------------------------------------------------------------------------------------
+    def _approx(self) -> tuple[np.ndarray, np.ndarray, "RealThresholds"]:
+        full = self._full()
+        a = np.array([float(x) for x in full.alpha])[:, None]
+        b = np.array([float(x) for x in full.beta])[:, None]
+        with np.errstate(invalid="ignore", over="ignore"):
+            v = (full.base - b) / a
+            err = _EPS * (np.abs(full.base) + np.abs(b)) / a + 1e-300
+        return v, err, full
+
+    def _exact(self, full: "RealThresholds", c: int, m: int) -> Fraction:
+        return (Fraction(float(full.base[c, m])) - full.beta[c]) / full.alpha[c]
+
     def integer_thresholds(self, lo: float | None = None, hi: float | None = None) -> np.ndarray:
         """float32 thresholds for an integer input: ``⌈R⌉`` (non-strict) or ``⌊R⌋ + 1`` (strict), clipped to
         ``[lo, hi + 1]`` when the input's range is known (a threshold beyond it is never or always passed)."""
-        out = np.empty(self.shape, dtype=np.float64)
-        flat_r, flat_s, flat_o = self.real.ravel(), self.strict.ravel(), out.ravel()
-        for i, (r, s) in enumerate(zip(flat_r, flat_s)):
-            flat_o[i] = math.floor(r) + 1 if s else math.ceil(r)
-        out = flat_o.reshape(self.shape)
+        v, err, full = self._approx()
+        with np.errstate(invalid="ignore"):
+            out = np.where(full.strict, np.floor(v) + 1, np.ceil(v))
+            unsure = np.isfinite(v) & (np.abs(v - np.round(v)) <= err)
+        for c, m in zip(*np.nonzero(unsure)):
+            r = self._exact(full, c, m)
+            out[c, m] = math.floor(r) + 1 if full.strict[c, m] else math.ceil(r)
         if lo is not None and hi is not None:
             out = np.clip(out, lo, hi + 1)
-        if np.abs(out).max(initial=0) > 2**24:
+        finite = out[np.isfinite(out)]
+        if finite.size and np.abs(finite).max() > 2**24:
             raise ValueError("an integer threshold exceeds 2^24 and is not exact in float32")
         return out.astype(np.float32)
 
     def float_thresholds(self) -> np.ndarray:
         """float32 thresholds for a float32 input: the least float32 ``x`` with ``x ≥ R`` (``x > R`` if strict)."""
-        out = np.empty(self.shape, dtype=np.float32)
-        flat_o = out.ravel()
-        for i, (r, s) in enumerate(zip(self.real.ravel(), self.strict.ravel())):
-            f = np.float32(float(r))
-            if Fraction(float(f)) < r or (s and Fraction(float(f)) == r):
-                f = np.nextafter(f, np.float32(np.inf), dtype=np.float32)
-            while True:  # float(r) may have rounded up by more than needed: step down while still valid
-                below = np.nextafter(f, np.float32(-np.inf), dtype=np.float32)
-                fb = Fraction(float(below)) if np.isfinite(below) else None
-                if fb is not None and (fb > r or (fb == r and not s)):
-                    f = below
-                else:
-                    break
-            flat_o[i] = f
-        return flat_o.reshape(self.shape)
+        v, err, full = self._approx()
+        with np.errstate(over="ignore", invalid="ignore"):
+            f = v.astype(np.float32)
+            f = np.where(f.astype(np.float64) < v, np.nextafter(f, np.float32(np.inf)), f)
+            below = np.nextafter(f, np.float32(-np.inf))
+            f64, b64 = f.astype(np.float64), below.astype(np.float64)
+            # f is the least float32 >= v; decide ≥/> and the rounding of v only where v is within err of f or below
+            unsure = np.isfinite(v) & ((np.abs(f64 - v) <= err) | (np.abs(v - b64) <= err))
+            out = np.where(full.strict & (f64 == v), np.nextafter(f, np.float32(np.inf)), f)
+        for c, m in zip(*np.nonzero(unsure)):
+            out[c, m] = _least_float32(self._exact(full, c, m), bool(full.strict[c, m]))
+        return out.astype(np.float32)
 
 
-def _column(v: np.ndarray | float, channels: int) -> np.ndarray:
-    arr = np.asarray(v).ravel()
-    if arr.size not in (1, channels) and channels != 1:
-        raise ValueError(f"a constant of {arr.size} values does not match {channels} threshold rows")
-    col = np.empty((arr.size, 1), dtype=object)
-    for i, x in enumerate(arr):
-        col[i, 0] = Fraction(float(x))
-    return col
+def _least_float32(r: Fraction, strict: bool) -> np.float32:
+    f = np.float32(float(r))
+    while not (Fraction(float(f)) > r or (Fraction(float(f)) == r and not strict)):
+        f = np.nextafter(f, np.float32(np.inf), dtype=np.float32)
+    while True:
+        below = np.nextafter(f, np.float32(-np.inf), dtype=np.float32)
+        fb = Fraction(float(below)) if np.isfinite(below) else None
+        if fb is not None and (fb > r or (fb == r and not strict)):
+            f = below
+        else:
+            return f
+
+
+@lru_cache(maxsize=512)
+def _parse(text: str) -> RealThresholds:
+    data = json.loads(text)
+    shape = tuple(data["shape"])
+    base = np.array([float.fromhex(b) for b in data["base"]], dtype=np.float64).reshape(shape)
+    strict = np.array(data["strict"], dtype=bool).reshape(shape)
+    return RealThresholds(base, strict, [Fraction(a) for a in data["alpha"]], [Fraction(b) for b in data["beta"]])
 
 
 def _level_condition(k: int, mode: str) -> tuple[Fraction, bool]:
@@ -160,9 +275,12 @@ def quant_real_thresholds(scale: np.ndarray, zeropoint: np.ndarray, bitwidth: in
                           rounding_mode: str = "ROUND") -> RealThresholds:
     """Real thresholds of ``Quant(x, scale, zeropoint, bitwidth)`` on ``x``: level ``m`` (1..N) of the count is
     ``q ≥ qmin + m``; ``scale`` and ``zeropoint`` are scalars or one value per channel (rows). A 1-bit signed
-    quantizer is bipolar: one threshold where ``x/s + z`` reaches 0."""
+    quantizer is bipolar: one threshold where ``x/s + z`` reaches 0. ``s·(t − z)`` is exact in float64 (a float32
+    scale times a number of at most 18 significant bits)."""
     scales = np.asarray(scale, dtype=np.float64).ravel()
     zeros = np.asarray(zeropoint, dtype=np.float64).ravel()
+    if np.any(scales <= 0):
+        raise ValueError("quantizer scales must be positive")
     rows = max(scales.size, zeros.size)
     if bitwidth == 1 and signed:
         levels = [(Fraction(0), False)]
@@ -170,23 +288,25 @@ def quant_real_thresholds(scale: np.ndarray, zeropoint: np.ndarray, bitwidth: in
         mode = canonical_rounding_mode(rounding_mode)
         qmin, qmax = min_int(signed, narrow, bitwidth), max_int(signed, narrow, bitwidth)
         levels = [_level_condition(k, mode) for k in range(qmin + 1, qmax + 1)]
-    real = np.empty((rows, len(levels)), dtype=object)
-    strict = np.zeros((rows, len(levels)), dtype=bool)
-    for c in range(rows):
-        s = Fraction(float(scales[c % scales.size]))
-        z = Fraction(float(zeros[c % zeros.size]))
-        if s <= 0:
-            raise ValueError("quantizer scales must be positive")
-        for m, (t, st) in enumerate(levels):
-            real[c, m] = s * (t - z)
-            strict[c, m] = st
-    return RealThresholds(real, strict)
+    t = np.array([float(lv[0]) for lv in levels], dtype=np.float64)[None, :]
+    strict = np.array([lv[1] for lv in levels], dtype=bool)[None, :]
+    s = np.resize(scales, rows)[:, None]
+    z = np.resize(zeros, rows)[:, None]
+    base = s * (t - z)
+    exact = all(Fraction(float(base[c, m])) == Fraction(float(s[c, 0])) * (Fraction(float(t[0, m]))
+                                                                           - Fraction(float(z[c, 0])))
+                for c in range(min(rows, 2)) for m in range(base.shape[1]))
+    if not exact:  # not expected for float32 parameters; fall back to the exact affine form
+        return RealThresholds(np.repeat(t, rows, axis=0), np.repeat(strict, rows, axis=0),
+                              [Fraction(1) / Fraction(float(x)) for x in s[:, 0]],
+                              [Fraction(float(x)) for x in z[:, 0]])
+    return RealThresholds(base, np.repeat(strict, rows, axis=0))
 
 
 def get_real_thresholds(node: Any) -> RealThresholds | None:
     """The real thresholds stored on an ``onnx_ir`` MultiThreshold node, or None."""
     text = node.metadata_props.get(META_KEY)
-    return RealThresholds.from_json(text) if text else None
+    return _parse(text) if text else None
 
 
 def set_real_thresholds(node: Any, rt: RealThresholds | None) -> None:
@@ -198,17 +318,8 @@ def set_real_thresholds(node: Any, rt: RealThresholds | None) -> None:
 
 
 def relu_composed(rt: RealThresholds) -> RealThresholds:
-    """Thresholds on ``x`` for thresholds on ``Relu(x)``: a threshold at or below zero that ``Relu(x) = 0`` already
-    passes (``0 ≥ R``, or ``0 > R`` if strict) is passed by every ``x``; it becomes −∞-like, represented by a very
-    low rational; any other threshold is unchanged because ``Relu(x) = x`` above zero."""
-    real = rt.real.copy()
-    strict = rt.strict.copy()
-    for idx in np.ndindex(real.shape):
-        r, s = real[idx], strict[idx]
-        if r < 0 or (r == 0 and not s):
-            real[idx] = Fraction(-(2**64))
-            strict[idx] = False
-    return RealThresholds(real, strict)
+    """Thresholds on ``x`` for thresholds on ``Relu(x)`` (see :meth:`RealThresholds.relu_composed`)."""
+    return rt.relu_composed()
 
 
 def fractions_of(arr: Sequence[float] | np.ndarray) -> np.ndarray:
