@@ -273,7 +273,8 @@ class Model:
         array = np.asarray(array)
         v = self.graph.initializers.get(name)
         if v is None:
-            v = self.value(name)
+            reserved = name in self._values and self._values[name] is None
+            v = None if reserved else self.value(name)
             if v is not None and v.producer() is not None:
                 raise GraphError("cannot make a node output an initializer", tensor=name)
             if v is None:

@@ -12,6 +12,7 @@ Helpers here find a node's constant operand, read it exactly, and reduce it to a
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from fractions import Fraction
 from typing import Any
 
@@ -38,12 +39,17 @@ def exact_value(node: ir.Node, value: np.ndarray) -> np.ndarray:
     """The exact constant of ``node`` as an object array of Fractions (its metadata if present, else ``value``)."""
     text = node.metadata_props.get(EXACT_KEY)
     if text:
-        data = json.loads(text)
-        arr = np.empty(len(data["values"]), dtype=object)
-        for i, s in enumerate(data["values"]):
-            arr[i] = Fraction(s)
-        return arr.reshape(tuple(data["shape"]))
+        return _parse_exact(text).copy()
     return fractions_of(value)
+
+
+@lru_cache(maxsize=1024)
+def _parse_exact(text: str) -> np.ndarray:
+    data = json.loads(text)
+    arr = np.empty(len(data["values"]), dtype=object)
+    for i, (n, d) in enumerate(data["values"]):
+        arr[i] = Fraction(n, d)
+    return arr.reshape(tuple(data["shape"]))
 
 
 def set_exact(node: ir.Node, exact: np.ndarray | None) -> None:
@@ -56,7 +62,7 @@ def set_exact(node: ir.Node, exact: np.ndarray | None) -> None:
         node.metadata_props.pop(EXACT_KEY, None)
         return
     node.metadata_props[EXACT_KEY] = json.dumps(
-        {"shape": list(exact.shape), "values": [f"{v.numerator}/{v.denominator}" for v in exact.ravel()]})
+        {"shape": list(exact.shape), "values": [[v.numerator, v.denominator] for v in exact.ravel()]})
 
 
 def to_float32(exact: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ and recomputed exactly with Fractions only where the bound does not decide (exac
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from fractions import Fraction
@@ -40,6 +41,9 @@ _EPS = 2.0 ** -50  # a generous bound on the relative error of a few float64 ope
 
 def _frac_column(v: Any) -> np.ndarray:
     """A 1-D object array of Fractions from a scalar, a float array or an object array."""
+    if isinstance(v, np.ndarray) and v.dtype == object and v.ndim == 1:
+        if all(type(x) is Fraction for x in v):
+            return v
     arr = np.asarray(v, dtype=object).ravel()
     out = np.empty(arr.size, dtype=object)
     for i, x in enumerate(arr):
@@ -75,7 +79,7 @@ class RealThresholds:
         rows = {self.base.shape[0], self.alpha.size, self.beta.size} - {1}
         if len(rows) > 1:
             raise ValueError(f"row counts {self.base.shape[0]}, {self.alpha.size}, {self.beta.size} disagree")
-        if any(a <= 0 for a in self.alpha):
+        if alpha is not None and any(a.numerator <= 0 for a in self.alpha):
             raise ValueError("alpha must be positive")
 
     @property
@@ -101,10 +105,13 @@ class RealThresholds:
 
     # -- serialization ---------------------------------------------------------------------------------------
     def to_json(self) -> str:
-        return json.dumps({"shape": list(self.base.shape), "base": [float(b).hex() for b in self.base.ravel()],
-                           "strict": [int(s) for s in self.strict.ravel()],
-                           "alpha": [f"{a.numerator}/{a.denominator}" for a in self.alpha],
-                           "beta": [f"{b.numerator}/{b.denominator}" for b in self.beta]})
+        """JSON text: ``base`` as base64 of little-endian float64, ``strict`` as base64 of bytes, α and β as
+        [numerator, denominator] pairs."""
+        return json.dumps({"shape": list(self.base.shape),
+                           "base": base64.b64encode(self.base.astype("<f8").tobytes()).decode("ascii"),
+                           "strict": base64.b64encode(self.strict.astype(np.uint8).tobytes()).decode("ascii"),
+                           "alpha": [[a.numerator, a.denominator] for a in self.alpha],
+                           "beta": [[b.numerator, b.denominator] for b in self.beta]})
 
     @staticmethod
     def from_json(text: str) -> "RealThresholds":
@@ -246,9 +253,15 @@ def _least_float32(r: Fraction, strict: bool) -> np.float32:
 def _parse(text: str) -> RealThresholds:
     data = json.loads(text)
     shape = tuple(data["shape"])
-    base = np.array([float.fromhex(b) for b in data["base"]], dtype=np.float64).reshape(shape)
-    strict = np.array(data["strict"], dtype=bool).reshape(shape)
-    return RealThresholds(base, strict, [Fraction(a) for a in data["alpha"]], [Fraction(b) for b in data["beta"]])
+    base = np.frombuffer(base64.b64decode(data["base"]), dtype="<f8").astype(np.float64).reshape(shape)
+    strict = np.frombuffer(base64.b64decode(data["strict"]), dtype=np.uint8).astype(bool).reshape(shape)
+    alpha = np.empty(len(data["alpha"]), dtype=object)
+    beta = np.empty(len(data["beta"]), dtype=object)
+    for i, (n, d) in enumerate(data["alpha"]):
+        alpha[i] = Fraction(n, d)
+    for i, (n, d) in enumerate(data["beta"]):
+        beta[i] = Fraction(n, d)
+    return RealThresholds(base, strict, alpha, beta)
 
 
 def _level_condition(k: int, mode: str) -> tuple[Fraction, bool]:
