@@ -168,27 +168,40 @@ class RealThresholds:
         reversed so that they stay increasing; the caller maps the count ``k`` to ``N − k``."""
         return RealThresholds(-self.base[:, ::-1], ~self.strict[:, ::-1], self.alpha, -self.beta)
 
-    def _passed_by_zero(self) -> np.ndarray:
-        """Which thresholds the value 0 passes: ``0 ≥ R`` (``0 > R`` if strict), i.e. ``base ≤ β`` (``<``)."""
+    def _passed_by(self, value: Fraction) -> np.ndarray:
+        """Which thresholds the input ``value`` passes: ``value ≥ R`` (``>`` if strict), i.e. ``base ≤ β + α·value``
+        (``<``), decided in float64 and exactly where float64 cannot tell."""
         full = self._full()
-        beta_f = np.array([float(b) for b in full.beta])[:, None]
-        diff = full.base - beta_f
+        shift = full.beta + full.alpha * value
+        shift_f = np.array([float(b) for b in shift])[:, None]
+        diff = full.base - shift_f
         out = np.where(full.strict, diff < 0, diff <= 0)
-        unsure = np.isfinite(full.base) & (np.abs(diff) <= _EPS * (np.abs(full.base) + np.abs(beta_f)) + 1e-300)
+        unsure = np.isfinite(full.base) & (np.abs(diff) <= _EPS * (np.abs(full.base) + np.abs(shift_f)) + 1e-300)
         for c, m in zip(*np.nonzero(unsure)):
-            d = Fraction(float(full.base[c, m])) - full.beta[c]
+            d = Fraction(float(full.base[c, m])) - shift[c]
             out[c, m] = d < 0 if full.strict[c, m] else d <= 0
         return out
 
-    def relu_composed(self) -> "RealThresholds":
-        """Thresholds on ``x`` for thresholds on ``Relu(x)``: a threshold that ``Relu(x) = 0`` already passes is
-        passed by every ``x`` (−∞); the others are unchanged because ``Relu(x) = x`` above zero."""
+    def _passed_by_zero(self) -> np.ndarray:
+        return self._passed_by(Fraction(0))
+
+    def clip_composed(self, lo: float | None = None, hi: float | None = None) -> "RealThresholds":
+        """Thresholds on ``x`` for thresholds on ``clip(x, lo, hi)`` (``Relu`` is ``lo = 0``): a threshold that
+        ``lo`` already passes is passed by every ``x`` (−∞), one that ``hi`` does not pass by none (+∞); the others
+        are unchanged, because clip is the identity between the bounds."""
         full = self._full()
-        passed = full._passed_by_zero()
         base, strict = full.base.copy(), full.strict.copy()
-        base[passed] = -np.inf
-        strict[passed] = False
+        if hi is not None and np.isfinite(hi):
+            never = ~full._passed_by(Fraction(float(hi)))
+            base[never], strict[never] = np.inf, False
+        if lo is not None and np.isfinite(lo):
+            always = full._passed_by(Fraction(float(lo)))
+            base[always], strict[always] = -np.inf, False
         return RealThresholds(base, strict, full.alpha, full.beta)
+
+    def relu_composed(self) -> "RealThresholds":
+        """Thresholds on ``x`` for thresholds on ``Relu(x)`` (see :meth:`clip_composed`)."""
+        return self.clip_composed(0.0, None)
 
     # -- materialization --------------------------------------------------------------------------------------
     def _approx(self) -> tuple[np.ndarray, np.ndarray, "RealThresholds"]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,3 +66,16 @@ def random_input(name: str, seed: int = 0, batch: int | None = None, dtype: Any 
     lo, hi = entry["input_range"]
     rng = np.random.default_rng(seed)
     return rng.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def float_exposed(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with every quantizer of a non-constant tensor (Quant, BipolarQuant, Trunc) replaced by
+    Identity: the float computation between quantizers reaches the outputs, no quantizer absorbs a rounding
+    difference (a sharper test of bit-exactness than the quantized model). Weight quantizers stay."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    constants = {t.name for t in copy.graph.initializer}
+    for node in copy.graph.node:
+        if node.domain and node.op_type in ("Quant", "BipolarQuant", "Trunc") and node.input[0] not in constants:
+            node.CopyFrom(onnx.helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name))
+    return copy

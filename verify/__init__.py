@@ -1,0 +1,39 @@
+"""Verification: policies, reference data, per-pass checking, the final check, bisection, structural checks and
+the integer-only report.
+
+Typical use::
+
+    from verify import ReferenceData, VerificationHook, final_check
+    ref = ReferenceData.random(model, n=32, seed=0, low=-1, high=1)   # snapshot of the original, before the run
+    hook = VerificationHook(ref)                                       # per-pass verification
+    report = PassManager(stages, [hook]).run(model)                    # raises PassVerificationError on a bad pass
+    print(final_check(ref, model).summary())                           # the streamlined model vs the original
+    print(float_report(model, report).text())                          # what is still float, and why
+
+Passes declare how they are checked with :func:`equality`, :func:`tolerance` or :func:`metric`.
+"""
+
+from verify.bisect import BisectResult, bisect_pipeline
+from verify.compare import TensorDiff, compare_tensor, quant_step
+from verify.final import FinalCheck, OutputCheck, TieSite, final_check, integer_tail
+from verify.float_report import FloatNode, FloatReport, float_report
+from verify.hook import CheckRecord, PassVerificationError, VerificationHook, Verifier
+from verify.policies import (DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, equality, metric, resolve_policy,
+                             tolerance)
+from verify.reference import ReferenceData, ReferenceDataError
+from verify.run import Overhead, VerifiedRun, measure_overhead, verified_run
+from verify.structure import Issue, StructureReport, check_datatypes, check_structure
+from verify.ties import Margin, NearTie
+
+__all__ = [
+    "Policy", "Equality", "Tolerance", "Metric", "equality", "tolerance", "metric", "DEFAULT_POLICY", "resolve_policy",
+    "ReferenceData", "ReferenceDataError",
+    "TensorDiff", "compare_tensor", "quant_step",
+    "NearTie", "Margin",
+    "VerificationHook", "Verifier", "PassVerificationError", "CheckRecord",
+    "FinalCheck", "OutputCheck", "TieSite", "final_check", "integer_tail",
+    "BisectResult", "bisect_pipeline",
+    "Issue", "StructureReport", "check_structure", "check_datatypes",
+    "FloatNode", "FloatReport", "float_report",
+    "VerifiedRun", "verified_run", "Overhead", "measure_overhead",
+]

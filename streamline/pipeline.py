@@ -1,0 +1,101 @@
+"""The default pipeline: the ordered stages that take a QONNX model to FINN-ONNX.
+
+``default_stages()`` lists them; :func:`streamline_model` runs them on a :class:`finnlite.Model` in place with a
+:class:`finnlite.PassManager` and returns what happened. One pipeline for every model, no per-model step lists:
+
+1. ``tidy`` — shapes, constant folding, Gemm → MatMul, Conv bias → Add, Sub → Add (exact in float32);
+2. ``convert`` — weight quantizers folded into integer initializers, activation quantizers → MultiThreshold,
+   AveragePool + Trunc → QuantAvgPool2d (bit-exact in float32 where the scales allow);
+3. ``streamline`` (to a fixpoint) — collapse ∘ reorder ∘ absorb: every scale and bias moves forward and into the
+   next MultiThreshold's exact thresholds;
+4. ``lower`` — Conv → Im2Col + MatMul, MaxPool → MaxPoolNHWC, NHWC with one Transpose at the input, XNOR-popcount
+   for bipolar layers, TopK, threshold rounding;
+5. ``restreamline`` (to a fixpoint) — the same rules again on what lowering exposed;
+6. ``finalize`` — datatypes, integer thresholds, dead nodes.
+
+The fixpoint stages terminate: every rule moves a constant forward, merges two nodes or removes one, and the pass
+manager detects oscillation and caps the rounds regardless.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from finnlite.errors import ConfigError
+from finnlite.model import Model
+from finnlite.passes import PassManager, RunReport, Stage, Transformation, register_pass
+from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
+from streamline.collapse import COLLAPSE_PASSES
+from streamline.datatypes import InferDataTypes
+from streamline.reorder import REORDER_PASSES
+from streamline.tidy import TIDY_PASSES
+
+
+@register_pass(group="finalize")
+class RemoveDeadNodes(Transformation):
+    """Remove nodes whose outputs nothing reads and initializers nothing reads (no constant folding)."""
+
+    def apply(self, model: Any) -> bool:
+        return model.cleanup(fold_constants=False)
+
+
+def streamline_passes() -> list:
+    """One round of the streamlining fixpoint: datatypes first (the rules read them), then collapse, reorder,
+    absorb, and the thresholds re-materialized for the datatypes the round produced."""
+    return [InferDataTypes, *COLLAPSE_PASSES, *REORDER_PASSES, *ABSORB_PASSES, RemoveDeadNodes, InferDataTypes,
+            MaterializeThresholds]
+
+
+def default_stages() -> list[Stage]:
+    """The stages of the default pipeline, in order."""
+    from streamline.convert import CONVERT_PASSES
+    from streamline.lower import LOWER_PASSES
+    from streamline.round_thresholds import RoundAndClipThresholds
+
+    return [
+        Stage("tidy", TIDY_PASSES),
+        Stage("convert", CONVERT_PASSES),
+        Stage("streamline", streamline_passes(), fixpoint=True),
+        Stage("lower", LOWER_PASSES),
+        Stage("restreamline", streamline_passes(), fixpoint=True),
+        Stage("finalize", [InferDataTypes, RoundAndClipThresholds, RemoveDeadNodes, InferDataTypes]),
+    ]
+
+
+def stage_names() -> list[str]:
+    """Names of the default stages, in order."""
+    return [s.name for s in default_stages()]
+
+
+@dataclass
+class StreamlineResult:
+    """The outcome of a pipeline run: the pass manager's report, op histograms and the wall time."""
+
+    report: RunReport
+    histogram_before: dict[str, int]
+    histogram_after: dict[str, int]
+    seconds: float
+    stages: list[str] = field(default_factory=list)
+
+
+def select_stages(stages: Sequence[Stage], only: Sequence[str] | None) -> list[Stage]:
+    """The stages named in ``only`` (in pipeline order); a :class:`ConfigError` for an unknown name."""
+    if only is None:
+        return list(stages)
+    unknown = set(only) - {s.name for s in stages}
+    if unknown:
+        raise ConfigError(f"unknown stage(s) {sorted(unknown)}; the stages are {[s.name for s in stages]}")
+    return [s for s in stages if s.name in only]
+
+
+def streamline_model(model: Model, stages: Sequence[Stage] | None = None, hooks: Iterable[Any] = (),
+                     only: Sequence[str] | None = None) -> StreamlineResult:
+    """Run the pipeline on ``model`` in place. ``only`` selects stages by name (in pipeline order)."""
+    stages = select_stages(list(stages) if stages is not None else default_stages(), only)
+    before = model.op_histogram()
+    t0 = time.perf_counter()
+    report = PassManager(stages, hooks).run(model)
+    return StreamlineResult(report, before, model.op_histogram(), time.perf_counter() - t0,
+                            [s.name for s in stages])

@@ -1,0 +1,62 @@
+"""Tensor comparison under policies, and quantization steps."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.verify.graphs import GraphBuilder, int_multithreshold, quant_graph
+from verify import Equality, Tolerance, compare_tensor, quant_step
+
+
+def test_exact_comparison_reports_the_worst_element() -> None:
+    a = np.array([[1.0, 2.0, 3.0]], np.float32)
+    b = np.array([[1.0, 2.5, 3.0]], np.float32)
+    d = compare_tensor("t", a, b, Equality())
+    assert not d.ok and d.bad.tolist() == [1] and d.max_abs == 0.5 and d.worst == (0, 1)
+    assert (d.expected_value, d.actual_value) == (2.5, 2.0)
+    assert "1 of 3 elements differ (compared exactly); max abs error 0.5 at (0, 1)" in d.describe()
+    assert compare_tensor("t", a, a.copy(), Equality()).ok
+
+
+def test_nan_equals_nan_and_shapes_must_match() -> None:
+    a = np.array([np.nan, 1.0])
+    assert compare_tensor("t", a, a.copy(), Equality()).ok
+    d = compare_tensor("t", np.array([np.nan, 1.0]), np.array([0.0, 1.0]), Tolerance(atol=10))
+    assert not d.ok and d.max_abs == np.inf
+    d = compare_tensor("t", np.zeros((1, 4)), np.zeros((1, 5)), Tolerance(atol=1))
+    assert not d.ok and "shape (1, 4), expected (1, 5)" in d.describe()
+
+
+def test_tolerance_and_integer_exactness() -> None:
+    a, b = np.array([1.0, 100.0]), np.array([1.000001, 100.001])
+    assert compare_tensor("t", a, b, Tolerance(rtol=2e-5)).ok
+    assert not compare_tensor("t", a, b, Tolerance(rtol=2e-6)).ok
+    assert not compare_tensor("t", a, b, Tolerance(rtol=2e-5), integer=True).ok  # integer tensors: always exact
+    cancelled = np.array([1000.0, 0.001]), np.array([1000.0, 0.0011])  # noise relative to the tensor's largest value
+    assert compare_tensor("t", *cancelled, Tolerance(rtol_max=1e-6)).ok
+    assert not compare_tensor("t", *cancelled, Tolerance(rtol=1e-3)).ok
+    steps = compare_tensor("t", np.array([0.5, 1.0]), np.array([0.75, 1.0]), Tolerance(steps=1), step=0.25)
+    assert steps.ok
+    assert not compare_tensor("t", np.array([0.5]), np.array([1.0]), Tolerance(steps=1), step=0.25).ok
+    per_channel = compare_tensor("t", np.zeros((2, 2)), np.array([[0.1, 0.1], [1.0, 1.0]]), Tolerance(steps=1),
+                                 step=np.array([[0.1], [0.5]]))
+    assert per_channel.bad.tolist() == [2, 3]
+
+
+def test_quantization_steps() -> None:
+    m = quant_graph(3, False)
+    assert float(quant_step(m, "out")) == 0.25 and quant_step(m, "x") is None
+    assert quant_step(int_multithreshold(), "out") == 1.0  # annotated UINT4
+    g = GraphBuilder()
+    g.input("x", [1, 4])
+    g.init("t", np.zeros((1, 3), np.float32)), g.init("c", np.array([2.0, -3.0, 1.0, 1.0], np.float32))
+    g.init("s", np.float32(0.5))
+    g.node("MultiThreshold", ["x", "t"], ["m"], "mt", domain="qonnx.custom_op.general", out_dtype="UINT2",
+           out_scale=0.5)
+    g.node("Mul", ["m", "c"], ["y"], "mul")
+    g.node("BipolarQuant", ["x", "s"], ["b"], "bq", domain="qonnx.custom_op.general")
+    g.output("y", [1, 4]), g.output("b", [1, 4])
+    model = g.model()
+    assert quant_step(model, "m") == 0.5
+    np.testing.assert_allclose(quant_step(model, "y"), [1.0, 1.5, 0.5, 0.5])
+    assert float(quant_step(model, "b")) == 1.0

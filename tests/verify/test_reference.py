@@ -1,0 +1,112 @@
+"""Reference data: random and user-supplied inputs, validation, cached reference results of the original."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from finnlite import ConfigError
+from tests.verify.graphs import GraphBuilder, add_relu, int_multithreshold, matmul_bias_relu, quant_graph
+from verify import ReferenceData, ReferenceDataError
+
+
+def test_random_inputs_follow_range_and_seed() -> None:
+    model = add_relu()
+    a = ReferenceData.random(model, n=5, seed=3, low=2, high=3, ranges={"y": (-1, 0)})
+    b = ReferenceData.random(model, n=5, seed=3, low=2, high=3, ranges={"y": (-1, 0)})
+    assert a.num_samples == 5 and a.inputs["x"].shape == (5, 8) and a.inputs["x"].dtype == np.float32
+    assert 2 <= a.inputs["x"].min() and a.inputs["x"].max() < 3 and a.inputs["y"].max() < 0
+    np.testing.assert_array_equal(a.inputs["x"], b.inputs["x"])
+    assert not np.array_equal(a.inputs["x"], ReferenceData.random(model, n=5, seed=4, low=2, high=3).inputs["x"])
+    assert a.sample(2)["x"].shape == (1, 8)
+
+
+def test_integer_annotated_inputs_get_integers_of_their_type() -> None:
+    ref = ReferenceData.random(int_multithreshold(), n=3, low=-50, high=50)
+    x = ref.inputs["x"]
+    assert np.array_equal(x, np.round(x)) and x.min() >= 0 and x.max() <= 15 and len(np.unique(x)) > 10
+    g = GraphBuilder()
+    g.input("x", [1, 16], datatype="BIPOLAR")
+    g.node("Relu", ["x"], ["out"], "relu0")
+    g.output("out", [1, 16])
+    assert set(np.unique(ReferenceData.random(g.model(), n=2).inputs["x"])) == {-1.0, 1.0}
+
+
+def test_symbolic_dims_need_a_shape() -> None:
+    g = GraphBuilder()
+    g.input("x", [1, 8])
+    g.node("Relu", ["x"], ["out"], "relu0")
+    g.output("out")
+    model = g.model()
+    model.set_tensor_shape("x", [None, 8])
+    with pytest.raises(ReferenceDataError, match="symbolic dims"):
+        ReferenceData.random(model)
+    assert ReferenceData.random(model, n=2, shapes={"x": [1, 8]}).inputs["x"].shape == (2, 8)
+
+
+def test_user_files(tmp_path: Path) -> None:
+    model = matmul_bias_relu()
+    data = np.random.default_rng(0).uniform(-1, 1, (6, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", data)
+    np.savez(tmp_path / "named.npz", x=data)
+    np.savez(tmp_path / "anon.npz", data.reshape(6, 1, 8))  # (N, batch, ...) under the default key
+    for name in ("x.npy", "named.npz", "anon.npz"):
+        ref = ReferenceData.load(model, tmp_path / name)
+        assert ref.num_samples == 6 and ref.source.endswith(name)
+        np.testing.assert_array_equal(ref.inputs["x"], data)
+    assert ReferenceData(model, data.astype(np.float64)).inputs["x"].dtype == np.float32
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"x": np.zeros((2, 7), np.float32)}, r"shape \(2, 7\); the model input is \(1, 8\)"),
+    ({"x": np.zeros((2, 8)), "z": np.zeros((2, 8))}, "not an input of the model"),
+    ({"x": np.full((2, 8), np.nan, np.float32)}, "NaN"),
+    ({"x": np.zeros((2, 8), bool)}, "dtype bool"),
+    ({}, "no reference values for input"),
+])
+def test_bad_user_inputs_are_explained(inputs, message) -> None:
+    with pytest.raises(ReferenceDataError, match=message):
+        ReferenceData(matmul_bias_relu(), inputs)
+
+
+def test_bad_values_for_an_integer_input() -> None:
+    model = int_multithreshold()
+    with pytest.raises(ReferenceDataError, match="not UINT4"):
+        ReferenceData(model, np.full((1, 4, 4, 4), 16.0, np.float32))
+    with pytest.raises(ReferenceDataError, match="not UINT4"):
+        ReferenceData(model, np.full((1, 4, 4, 4), 0.5, np.float32))
+
+
+def test_sample_counts_must_agree_and_files_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(ReferenceDataError, match="different sample counts"):
+        ReferenceData(add_relu(), {"x": np.zeros((2, 8)), "y": np.zeros((3, 8))})
+    with pytest.raises(ReferenceDataError, match="not found") as info:
+        ReferenceData.load(add_relu(), tmp_path / "missing.npz")
+    assert isinstance(info.value, ConfigError) and info.value.exit_code == 2
+    np.save(tmp_path / "one.npy", np.zeros((2, 8), np.float32))
+    with pytest.raises(ReferenceDataError, match="2 inputs"):
+        ReferenceData.load(add_relu(), tmp_path / "one.npy")
+    (tmp_path / "junk.npz").write_bytes(b"not numpy")
+    with pytest.raises(ReferenceDataError, match="junk.npz"):
+        ReferenceData.load(add_relu(), tmp_path / "junk.npz")
+
+
+def test_results_are_cached_and_the_original_is_a_snapshot() -> None:
+    model = quant_graph(3, False)
+    ref = ReferenceData.random(model, n=4, low=-0.5, high=2.5)
+    out32 = ref.outputs()
+    assert ref.outputs() is out32 and out32["out"].shape == (4, 16)
+    np.testing.assert_allclose(ref.outputs(np.float64)["out"], out32["out"], rtol=1e-6)
+    values = ref.values(1)
+    assert ref.values(1) is values and {"x", "out", "q0_scale"} <= set(values)
+    np.testing.assert_array_equal(values["out"], out32["out"][1:2])
+    model.get_node_from_name("q0").attributes["rounding_mode"] = ir.AttrString("rounding_mode", "FLOOR")
+    # editing the model later does not change the reference
+    assert ref.describes(quant_graph(3, False)) and not ref.describes(model)
+    np.testing.assert_array_equal(ref.executor().run(ref.inputs)["out"], out32["out"])
+    sub = ref.subset([3, 1])
+    assert sub.num_samples == 2 and sub.original_proto is ref.original_proto
+    np.testing.assert_array_equal(sub.outputs()["out"], out32["out"][[3, 1]])

@@ -1,0 +1,279 @@
+"""The final check: the streamlined model against the original QONNX model, on every reference sample.
+
+A QONNX graph means real-number arithmetic; its float32 execution is an approximation, and a correct integer model
+(exact accumulators, thresholds from exact arithmetic) can round one level differently at a float32 near-tie. So
+each output is compared with both executions of the original:
+
+* **Integer outputs.** When the output is an integer tensor ``q`` followed by an affine tail of constant
+  Mul/Div/Add/Sub and shape ops (the output dequantization a streamlined model ends with), the tail is evaluated
+  in float64 on the streamlined ``q`` and compared with the original's output *in quantization steps*: the levels
+  agree when every element is within half a step. Agreement with float64 execution is required; disagreement with
+  float32 execution only is a *near-tie*, counted per sample and explained by the first quantizer of the original
+  whose float32 and float64 levels differ (with the margin of its input to the rounding boundary).
+* **Float outputs** (no integer tensor behind them) are compared within ``float_rtol`` of the output's magnitude.
+
+A mismatch against float64 is always an error (:meth:`FinalCheck.raise_for_errors`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from finnlite.errors import VerificationError
+from finnlite.model import Model, as_model
+from verify.compare import is_integer_tensor, quant_step
+from verify.reference import ReferenceData
+from verify.region import node_label, subgraph_model, topo_order
+from verify.ties import QUANTIZER_OPS, Margin, margin_at
+
+log = logging.getLogger(__name__)
+
+__all__ = ["final_check", "FinalCheck", "OutputCheck", "TieSite", "integer_tail"]
+
+_AFFINE = ("Mul", "Div", "Add", "Sub")
+_SHAPE = ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity")
+
+
+@dataclass
+class OutputCheck:
+    """The comparison of one output over all samples."""
+
+    name: str
+    compared_as: str
+    samples: int = 0
+    agree32: int = 0
+    near_tie_samples: list[int] = field(default_factory=list)
+    error_samples: list[int] = field(default_factory=list)
+    max_error64: float = 0.0
+    unit: str = "steps"
+
+    @property
+    def ok(self) -> bool:
+        return not self.error_samples
+
+
+@dataclass
+class TieSite:
+    """Where a near-tie sample's float32 and float64 executions of the original first part: the quantizer node,
+    its output tensor, the element, and the margin of its input in float64 (and float32)."""
+
+    sample: int
+    node: str
+    tensor: str
+    index: tuple[int, ...]
+    margin64: Margin | None
+    margin32: Margin | None
+
+    def describe(self) -> str:
+        text = f"sample {self.sample}: node '{self.node}' tensor '{self.tensor}' {self.index}"
+        if self.margin64 is not None and self.margin32 is not None:
+            text += (f": input {self.margin32.value:.9g} in float32 vs {self.margin64.value:.9g} in float64, "
+                     f"boundary {self.margin64.boundary:.9g}, margin {self.margin64.relative:.2e}")
+        return text
+
+
+@dataclass
+class FinalCheck:
+    """The result of :func:`final_check`: per output, how many samples agree with the float32 and float64
+    executions of the original, and where the near-ties come from."""
+
+    samples: int
+    outputs: list[OutputCheck] = field(default_factory=list)
+    tie_sites: list[TieSite] = field(default_factory=list)
+    float64_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True if every output agrees with float64 execution of the original on every sample."""
+        return self.float64_error is None and all(o.ok for o in self.outputs)
+
+    @property
+    def near_tie_samples(self) -> list[int]:
+        """Samples that disagree with float32 execution only (float32 near-ties)."""
+        return sorted({s for o in self.outputs for s in o.near_tie_samples})
+
+    def summary(self) -> str:
+        """A few lines for people."""
+        lines = [f"final check against the original on {self.samples} samples:"]
+        for o in self.outputs:
+            lines.append(f"  output '{o.name}' ({o.compared_as}): float64 agrees on {o.samples - len(o.error_samples)}"
+                         f"/{o.samples}, float32 on {o.agree32}/{o.samples}, {len(o.near_tie_samples)} float32 "
+                         f"near-tie sample(s); max deviation from float64 {o.max_error64:.3g} {o.unit}")
+        if self.float64_error:
+            lines.append(f"  float64 execution of the original failed: {self.float64_error}")
+        for site in self.tie_sites:
+            lines.append(f"  near-tie {site.describe()}")
+        return "\n".join(lines)
+
+    def raise_for_errors(self) -> None:
+        """Raise :class:`VerificationError` if some output disagrees with float64 execution of the original."""
+        if self.float64_error is not None:
+            raise VerificationError(f"final check: cannot run the original in float64 ({self.float64_error})")
+        for o in self.outputs:
+            if o.error_samples:
+                raise VerificationError(
+                    f"final check: the streamlined model differs from float64 execution of the original on "
+                    f"{len(o.error_samples)} of {o.samples} samples (first: sample {o.error_samples[0]}; max "
+                    f"deviation {o.max_error64:.6g} {o.unit}, compared {o.compared_as})", tensor=o.name)
+
+
+def integer_tail(model: Model, output: str) -> tuple[str, list[ir.Node]] | None:
+    """``(q, tail)`` if graph output ``output`` is an integer-annotated tensor ``q`` followed by ``tail``: nodes
+    that are constant Mul/Div/Add/Sub or shape ops (in execution order). None if there is no such tensor."""
+    tail: list[ir.Node] = []
+    name = output
+    for _ in range(64):
+        if is_integer_tensor(model, name):
+            return name, list(reversed(tail))
+        node = model.find_producer(name)
+        if node is None:
+            return None
+        data = [v for v in node.inputs if v is not None and not _is_const(model, v)]
+        if len(data) != 1 or len(node.outputs) != 1 or node.op_type not in _AFFINE + _SHAPE:
+            return None
+        if node.op_type in _SHAPE + ("Div",) and node.inputs[0] is not data[0]:
+            return None
+        tail.append(node)
+        name = data[0].name
+    return None
+
+
+def _is_const(model: Model, v: ir.Value) -> bool:
+    if v.const_value is not None or model.is_initializer(v.name):
+        return True
+    prod = v.producer()
+    return prod is not None and prod.op_type == "Constant"
+
+
+def _with_outputs(model: Model, names: list[str]) -> onnx.ModelProto:
+    proto = model.to_proto()
+    have = {o.name for o in proto.graph.output}
+    for name in names:
+        if name not in have:
+            proto.graph.output.append(onnx.ValueInfoProto(name=name))
+    return proto
+
+
+def _slice(arr: np.ndarray, i: int, b0: int) -> np.ndarray:
+    return arr[i * b0:(i + 1) * b0]
+
+
+def _tail_runner(model: Model, q: str, tail: list[ir.Node], example: np.ndarray) -> Any:
+    from custom_ops.executor import Executor
+
+    consts: dict[str, np.ndarray] = {}
+    for node in tail:
+        for v in node.inputs:
+            if v is not None and _is_const(model, v):
+                if v.const_value is not None:
+                    consts[v.name] = v.const_value.numpy()
+                elif model.get_initializer(v.name) is not None:
+                    consts[v.name] = model.get_initializer(v.name)
+    nodes = list(tail)
+    for node in tail:
+        for v in node.inputs:
+            prod = v.producer() if v is not None else None
+            if prod is not None and prod.op_type == "Constant" and prod not in nodes:
+                nodes.insert(0, prod)
+    proto = subgraph_model(nodes, {q: example.astype(np.float64)}, consts, model.graph.opset_imports)
+    return Executor(proto, dtype=np.float64)
+
+
+def _tie_site(reference: ReferenceData, sample: int) -> TieSite | None:
+    """The first quantizer of the original whose float32 and float64 levels differ on ``sample``."""
+    original = reference.original()
+    v32, v64 = reference.values(sample, np.float32), reference.values(sample, np.float64)
+    for node in topo_order(list(original.graph)):
+        if node.op_type not in QUANTIZER_OPS or not node.outputs:
+            continue
+        out = node.outputs[0].name
+        if out not in v32 or out not in v64:
+            continue
+        step = quant_step(original, out)
+        a, b = np.asarray(v32[out], np.float64), np.asarray(v64[out], np.float64)
+        if a.shape != b.shape:
+            continue
+        half = 0.5 * np.broadcast_to(np.abs(np.asarray(step if step is not None else 0.0, np.float64)), a.shape)
+        bad = np.flatnonzero(np.abs(a - b) > np.maximum(half, 1e-12))
+        if bad.size:
+            index = tuple(int(i) for i in np.unravel_index(int(bad[0]), a.shape))
+            return TieSite(sample, node_label(node), out, index, margin_at(node, v64.get, index),
+                           margin_at(node, v32.get, index))
+    return None
+
+
+def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-5, explain: int = 4
+                ) -> FinalCheck:
+    """Compare ``model`` (the streamlined model, run in float32) with the original model of ``reference`` run in
+    float32 and in float64, on every reference sample (module docstring). ``explain``: for how many near-tie
+    samples to find the quantizer where float32 and float64 execution of the original part."""
+    from custom_ops.executor import Executor
+
+    m = as_model(model)
+    n = reference.num_samples
+    b0 = reference.specs[0].batch0
+    result = FinalCheck(n)
+    ref32 = reference.outputs(np.float32)
+    try:
+        ref64 = reference.outputs(np.float64)
+    except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
+        result.float64_error = f"{type(exc).__name__}: {exc}"
+        ref64 = None
+    tails = {o: integer_tail(m, o) for o in m.output_names}
+    extra = [t[0] for t in tails.values() if t is not None]
+    got = Executor(_with_outputs(m, extra)).run(reference.inputs)
+    for out in m.output_names:
+        tail = tails[out]
+        if out not in ref32:
+            raise VerificationError("the streamlined model has an output the original lacks", tensor=out)
+        if tail is not None:
+            q, nodes = tail
+            check = OutputCheck(out, f"levels of integer tensor '{q}'" + (
+                f" through {len(nodes)} dequantization node(s)" if nodes else ""), n)
+            runner = _tail_runner(m, q, nodes, _slice(got[q], 0, b0)) if nodes else None
+        else:
+            check = OutputCheck(out, f"float, rtol {float_rtol:g} of the output's magnitude", n, unit="x magnitude")
+        for i in range(n):
+            if tail is not None:
+                qi = _slice(got[tail[0]], i, b0).astype(np.float64)
+                if runner is not None:
+                    y = runner.run({tail[0]: qi})[out]
+                    step = np.abs(runner.run({tail[0]: qi + 1})[out] - y)
+                else:
+                    y, step = qi, np.ones_like(qi)
+                step = np.where(step > 0, step, np.inf)
+                dev = lambda ref: np.abs(y - _slice(ref[out], i, b0).astype(np.float64)) / step  # noqa: E731
+                limit = 0.5
+            else:
+                y = _slice(got[out], i, b0).astype(np.float64)
+                mag = max(float(np.max(np.abs(_slice(ref32[out], i, b0)))), 1e-30)
+                dev = lambda ref: np.abs(y - _slice(ref[out], i, b0).astype(np.float64)) / mag  # noqa: E731
+                limit = float_rtol
+            d32 = float(np.max(dev(ref32), initial=0.0))
+            ok32 = d32 < limit
+            check.agree32 += int(ok32)
+            if ref64 is not None:
+                d64 = float(np.max(dev(ref64), initial=0.0))
+                check.max_error64 = max(check.max_error64, d64)
+                if d64 >= limit:
+                    check.error_samples.append(i)
+                elif not ok32:
+                    check.near_tie_samples.append(i)
+            elif not ok32:
+                check.error_samples.append(i)
+        result.outputs.append(check)
+    for i in result.near_tie_samples[:explain]:
+        try:
+            site = _tie_site(reference, i)
+        except Exception as exc:  # noqa: BLE001 - an explanation is a bonus, the counts stand
+            log.warning("could not locate the near-tie of sample %d: %s", i, exc)
+            site = None
+        if site is not None:
+            result.tie_sites.append(site)
+    return result

@@ -1,0 +1,402 @@
+"""What a rewrite touched, and running just that part of the graph.
+
+Two versions of a model are compared node by node through *signatures*: op, domain, attributes, input and output
+tensor names, and a fingerprint of the content of every initializer a node reads. A node of the new version whose
+signature the old version lacks is *changed*; the changed nodes form the *region*. Everything else computes what it
+computed before, on the same inputs, so only the region needs re-running: on the tensors it reads (cached values of
+the old version) it must reproduce the tensors it hands to the unchanged rest of the graph (its *boundary*).
+
+:func:`find_change` computes the region, its inputs and its boundary; :func:`run_region` builds a small model of
+just those nodes and runs it with the oracle on each cached sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import helper, numpy_helper
+
+from finnlite.compat import IR_VERSION
+from finnlite.model import Model
+
+__all__ = ["Fingerprints", "Snapshot", "Change", "find_change", "run_nodes", "topo_order", "node_label",
+           "constant_tensors", "subgraph_model", "descendants", "ancestors", "hull", "structure_key", "node_signature"]
+
+
+def node_label(node: ir.Node) -> str:
+    """A node's name, or ``OpType(->first output)`` for an unnamed node."""
+    if node.name:
+        return node.name
+    first = node.outputs[0].name if node.outputs else "?"
+    return f"{node.op_type}(->{first})"
+
+
+class Fingerprints:
+    """Content fingerprints of tensors (initializers, tensor attributes), cached by identity.
+
+    A tensor read from a file (``TensorProtoTensor``) or wrapping a read-only array cannot change without being
+    replaced, so its fingerprint is cached for good; a tensor over a writable numpy array is hashed again in each
+    generation (:meth:`new_generation`, after each pass), so that an in-place edit is still seen."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[Any, tuple]] = {}
+        self._volatile: dict[int, tuple[Any, tuple]] = {}
+
+    def new_generation(self) -> None:
+        """Forget the fingerprints of writable tensors (call it after anything may have edited them: a pass)."""
+        self._volatile.clear()
+
+    def of(self, tensor: Any) -> tuple:
+        """(dtype, shape, crc32 of the bytes) of an ``onnx_ir`` tensor."""
+        key = id(tensor)
+        for cache in (self._cache, self._volatile):
+            hit = cache.get(key)
+            if hit is not None and hit[0] is tensor:
+                return hit[1]
+        if isinstance(tensor, ir.TensorProtoTensor):
+            data, immutable = tensor.tobytes(), True
+        else:
+            arr = np.ascontiguousarray(tensor.numpy())
+            data, immutable = memoryview(arr).cast("B"), not arr.flags.writeable
+        fp = (str(tensor.dtype), tuple(tensor.shape), zlib.crc32(data), len(data))
+        (self._cache if immutable else self._volatile)[key] = (tensor, fp)
+        return fp
+
+    def attribute(self, attr: ir.Attr) -> str:
+        """A digest of one attribute's value (tensors and graphs by content)."""
+        value = attr.value
+        if attr.type in (ir.AttributeType.TENSOR,):
+            return repr(self.of(value))
+        if attr.type in (ir.AttributeType.TENSORS,):
+            return repr([self.of(t) for t in value])
+        if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+            graphs = value if isinstance(value, Sequence) else [value]
+            h = hashlib.blake2b(digest_size=16)
+            for g in graphs:
+                h.update(ir.serde.serialize_graph(g).SerializeToString())
+            return h.hexdigest()
+        return f"{attr.type}:{value!r}"
+
+
+def node_signature(node: ir.Node, fps: Fingerprints) -> tuple:
+    """(domain, op type, overload, inputs (name, and content fingerprint for initializers), output names,
+    attribute digests): two nodes with equal signatures compute the same thing."""
+    ins = []
+    for v in node.inputs:
+        if v is None:
+            ins.append(("",))
+        elif v.is_initializer() and v.const_value is not None:
+            ins.append((v.name, fps.of(v.const_value)))
+        else:
+            ins.append((v.name,))
+    attrs = tuple(sorted((k, fps.attribute(a)) for k, a in node.attributes.items()))
+    return (node.domain or "", node.op_type, node.overload or "", tuple(ins), tuple(o.name for o in node.outputs),
+            attrs)
+
+
+def structure_key(model: Model) -> int:
+    """A cheap key of the graph's state: node identities, op types, attribute objects, tensor names, initializer
+    tensor objects. Equal keys mean nothing was rewired, replaced or renamed (an in-place edit of an initializer's
+    array is not seen; the next check's fingerprints see it)."""
+    parts: list[Any] = []
+    for n in model.graph:
+        attrs = tuple((k, id(a), id(a.value)) for k, a in n.attributes.items())
+        parts.append((id(n), n.op_type, n.domain, attrs, tuple(v.name if v is not None else "" for v in n.inputs),
+                      tuple(o.name for o in n.outputs)))
+    parts.append(tuple((k, id(v), id(v.const_value)) for k, v in model.graph.initializers.items()))
+    parts.append(tuple(v.name for v in model.graph.inputs) + tuple(v.name for v in model.graph.outputs))
+    return hash(tuple(parts))
+
+
+def _interface(model: Model) -> tuple:
+    ins = tuple((v.name, str(v.dtype), model.get_tensor_shape(v.name)) for v in model.graph.inputs)
+    return ins, tuple(v.name for v in model.graph.outputs)
+
+
+def constant_tensors(model: Model) -> set[str]:
+    """Names of the tensors that do not depend on any graph input: initializers and the outputs of nodes that read
+    only constants."""
+    const = set(model.graph.initializers)
+    for node in topo_order(list(model.graph)):
+        if node.op_type.startswith("Random"):
+            continue
+        if all(v is None or v.name in const for v in node.inputs):
+            const.update(o.name for o in node.outputs)
+    return const
+
+
+@dataclass
+class Snapshot:
+    """A copy of one version of the model: a structural clone sharing the initializer tensors (O(nodes)), the
+    multiset of node signatures, the interface (input names/types/shapes, output names), and the fingerprints of
+    the shared tensors that could still be edited in place (see :meth:`edited_in_place`)."""
+
+    model: Model
+    signatures: Counter
+    interface: tuple
+    writable: dict[str, tuple[Any, tuple]] = field(default_factory=dict)
+
+    @classmethod
+    def take(cls, model: Model, fps: Fingerprints, signatures: Counter | None = None) -> "Snapshot":
+        """Snapshot ``model``; ``signatures``, if given, are its node signatures (computed by :func:`find_change`)."""
+        clone = Model(model.ir.clone(), check=False)
+        if signatures is None:
+            signatures = Counter(node_signature(n, fps) for n in clone.graph)
+        writable = {}
+        for name, v in clone.graph.initializers.items():
+            t = v.const_value
+            if t is not None and not isinstance(t, ir.TensorProtoTensor) and t.numpy().flags.writeable:
+                writable[name] = (t, fps.of(t))
+        return cls(clone, signatures, _interface(clone), writable)
+
+    def edited_in_place(self, fps: Fingerprints) -> list[str]:
+        """Initializers shared with the live model whose content changed since the snapshot (a pass edited the
+        array in place): the snapshot shows the edited values for them."""
+        return [name for name, (t, fp) in self.writable.items() if fps.of(t) != fp]
+
+    def producer_of(self, name: str) -> ir.Node | None:
+        """The node of this version producing ``name``."""
+        return self.model.find_producer(name)
+
+
+@dataclass
+class Change:
+    """The region a pass changed: its nodes (topologically sorted), the tensors it reads from the unchanged part
+    (``inputs``, values from the cache), the constants it reads (``constants``: initializers of the new version),
+    the tensors it hands on to the unchanged part or the graph outputs (``boundary``), and the names the old version
+    had that the new one lacks (``removed``). ``problems`` lists structural errors found on the way."""
+
+    nodes: list[ir.Node] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    boundary: list[str] = field(default_factory=list)
+    removed: set[str] = field(default_factory=set)
+    problems: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+    #: the node signatures of the new version (to snapshot it without hashing again)
+    signatures: Counter = field(default_factory=Counter)
+
+    @property
+    def empty(self) -> bool:
+        return not self.nodes and not self.problems
+
+
+def topo_order(nodes: Sequence[ir.Node]) -> list[ir.Node]:
+    """``nodes`` in a topological order of their mutual dependencies (stable); raises ValueError naming a node on
+    a cycle."""
+    ids = {id(n): i for i, n in enumerate(nodes)}
+    indeg = [0] * len(nodes)
+    succ: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        preds = {ids[id(p)] for v in n.inputs if v is not None and (p := v.producer()) is not None and id(p) in ids}
+        for j in preds:
+            succ[j].append(i)
+        indeg[i] = len(preds)
+    ready = [i for i in range(len(nodes)) if indeg[i] == 0]
+    ready.reverse()
+    out: list[int] = []
+    while ready:
+        i = ready.pop()
+        out.append(i)
+        for j in reversed(succ[i]):
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    if len(out) != len(nodes):
+        stuck = next(n for i, n in enumerate(nodes) if indeg[i] > 0)
+        raise ValueError(f"cycle through node '{node_label(stuck)}'")
+    return [nodes[i] for i in out]
+
+
+def find_change(before: Snapshot, after: Model, fps: Fingerprints, cached: Iterable[str]) -> Change:
+    """The region of ``after`` that differs from ``before``. ``cached`` are the tensor names whose values are known
+    for the old version (every tensor of it, normally)."""
+    change = Change()
+    cached = set(cached)
+    remaining = Counter(before.signatures)
+    changed: list[ir.Node] = []
+    after_nodes = list(after.graph)
+    for node in after_nodes:
+        sig = node_signature(node, fps)
+        change.signatures[sig] += 1
+        if remaining[sig] > 0:
+            remaining[sig] -= 1
+        else:
+            changed.append(node)
+    if _interface(after) != before.interface:
+        old_in, old_out = before.interface
+        new_in, new_out = _interface(after)
+        what = f"outputs {list(old_out)} -> {list(new_out)}" if old_out != new_out else \
+            f"inputs {list(old_in)} -> {list(new_in)}"
+        change.problems.append((f"the pass changed the model's interface: {what}", None, None))
+    try:
+        change.nodes = topo_order(changed)
+    except ValueError as exc:
+        change.problems.append((f"the pass created a {exc}", None, None))
+        change.nodes = changed
+    region = {id(n) for n in change.nodes}
+    produced = {o.name for n in change.nodes for o in n.outputs}
+    inits = after.graph.initializers
+    seen: set[str] = set()
+    for node in change.nodes:
+        for v in node.inputs:
+            if v is None or v.name in produced or v.name in seen:
+                continue
+            seen.add(v.name)
+            if v.name in inits and inits[v.name].const_value is not None:
+                change.constants[v.name] = inits[v.name].const_value.numpy()
+            elif v.name in cached and (_alive_producer(v, after) or v.is_graph_input()):
+                change.inputs.append(v.name)
+            else:
+                change.problems.append(("the node reads a tensor that nothing produces", node_label(node), v.name))
+    outputs = {v.name for v in after.graph.outputs}
+    for node in change.nodes:
+        for o in node.outputs:
+            to_rest = any(id(u.node) not in region for u in o.uses())
+            if to_rest or o.name in outputs:
+                change.boundary.append(o.name)
+                if o.name not in cached:
+                    change.problems.append(("the pass created a tensor that unchanged nodes read, but the model "
+                                            "before the pass had no such tensor", node_label(node), o.name))
+    live = set(inits) | {v.name for v in after.graph.inputs} | {o.name for n in after_nodes for o in n.outputs}
+    change.removed = {name for name in cached if name not in live}
+    return change
+
+
+def _alive_producer(v: ir.Value, model: Model) -> bool:
+    prod = v.producer()
+    return prod is not None and prod.graph is model.graph
+
+
+def _value_info(name: str, arr: np.ndarray) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape))
+
+
+def _model_of(protos: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
+              opsets: dict[str, int]) -> onnx.ModelProto:
+    graph = helper.make_graph(list(protos), "region", [_value_info(n, a) for n, a in inputs.items()],
+                              [onnx.ValueInfoProto(name=o) for p in protos for o in p.output if o],
+                              initializer=[numpy_helper.from_array(np.asarray(a), n) for n, a in constants.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+                              producer_name="finnlite-verify")
+    model.ir_version = IR_VERSION
+    return model
+
+
+def subgraph_model(nodes: Sequence[ir.Node], inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
+                   opsets: dict[str, int]) -> onnx.ModelProto:
+    """A model of just ``nodes``: ``inputs`` are graph inputs (typed and shaped like the example arrays given),
+    ``constants`` initializers, and every tensor the nodes produce is a graph output."""
+    return _model_of([ir.serde.serialize_node(n) for n in nodes], inputs, constants, opsets)
+
+
+def descendants(model: Model, tensors: Iterable[str]) -> tuple[set[int], set[str]]:
+    """The nodes (by id) reading ``tensors`` directly or indirectly, and every tensor they produce."""
+    nodes: set[int] = set()
+    names: set[str] = set(tensors)
+    work = [model.value(t) for t in names]
+    while work:
+        v = work.pop()
+        if v is None:
+            continue
+        for use in v.uses():
+            n = use.node
+            if id(n) in nodes or n.graph is not model.graph:
+                continue
+            nodes.add(id(n))
+            for o in n.outputs:
+                names.add(o.name)
+                work.append(o)
+    return nodes, names
+
+
+def ancestors(nodes: Iterable[ir.Node]) -> set[int]:
+    """The nodes (by id) that ``nodes`` depend on, directly or indirectly (``nodes`` themselves excluded unless they
+    depend on each other)."""
+    seen: set[int] = set()
+    work = list(nodes)
+    while work:
+        n = work.pop()
+        for v in n.inputs:
+            p = v.producer() if v is not None else None
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                work.append(p)
+    return seen
+
+
+def hull(model: Model, nodes: Sequence[ir.Node]) -> list[ir.Node]:
+    """``nodes`` and every node on a path between two of them (topologically sorted): a region whose inputs do not
+    depend on its own outputs."""
+    ids = {id(n) for n in nodes}
+    down, _ = descendants(model, [o.name for n in nodes for o in n.outputs])
+    up = ancestors(nodes)
+    return topo_order([n for n in model.graph if id(n) in ids or (id(n) in down and id(n) in up)])
+
+
+#: initializers at least this large that only standard ops read are fed to a region's session rather than
+#: serialized into its model (a lowered depthwise weight can be tens of megabytes)
+_FEED_ELEMENTS = 1 << 16
+
+
+def _standard_readers_only(value: ir.Value, nodes: Sequence[ir.Node]) -> bool:
+    ids = {id(n) for n in nodes}
+    return all(not u.node.domain or u.node.domain == "ai.onnx" for u in value.uses() if id(u.node) in ids)
+
+
+def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[str, np.ndarray]],
+              forced: set[str], constants: set[str]) -> list[dict[str, np.ndarray]]:
+    """Run ``nodes`` of ``after`` on each cached sample: the tensors they read but do not produce, and the
+    ``forced`` tensors (teacher forcing: the nodes reading them get the cached value instead of the computed one),
+    come from the sample's values; initializers and other ``constants`` become initializers. Returns, per sample,
+    every tensor the run computed (for a forced tensor, the computed value) and the ones it read."""
+    from custom_ops.executor import Executor
+
+    if not nodes:
+        return [{} for _ in samples]
+    produced = {o.name for n in nodes for o in n.outputs if o.name}
+    protos = []
+    for n in nodes:
+        proto = ir.serde.serialize_node(n)
+        for i, name in enumerate(proto.output):
+            if name in forced:
+                proto.output[i] = f"{name}__recomputed"
+        protos.append(proto)
+    inits = after.graph.initializers
+    reads: list[str] = []
+    for n in nodes:
+        for v in n.inputs:
+            if v is not None and v.name and (v.name not in produced or v.name in forced) and v.name not in reads:
+                reads.append(v.name)
+    const_values: dict[str, np.ndarray] = {}
+    feeds0: dict[str, np.ndarray] = {}
+    big: dict[str, np.ndarray] = {}
+    for name in reads:
+        init = inits.get(name)
+        if init is not None and init.const_value is not None and name not in forced:
+            value = init.const_value.numpy()
+            if value.size >= _FEED_ELEMENTS and _standard_readers_only(init, nodes):
+                big[name] = value  # fed, not serialized into the region's model
+            else:
+                const_values[name] = value
+        elif name in constants and name not in forced:
+            const_values[name] = samples[0][name]
+        else:
+            feeds0[name] = samples[0][name]
+    feeds0.update(big)
+    model = _model_of(protos, feeds0, const_values, after.graph.opset_imports)
+    ex = Executor(model)
+    results = []
+    for values in samples:
+        out = ex.run({name: big[name] if name in big else values[name] for name in feeds0}, return_all=True)
+        for name in forced & produced:  # report what the nodes computed, not what was fed
+            if f"{name}__recomputed" in out:
+                out[name] = out.pop(f"{name}__recomputed")
+        results.append(out)
+    return results

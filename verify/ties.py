@@ -1,0 +1,194 @@
+"""Float32 near-ties: telling a quantizer that rounded one step differently at a tie from a broken rewrite.
+
+A quantizer (Quant, BipolarQuant, MultiThreshold) decides each output level by comparing its input with decision
+boundaries: ``x/s + z`` against half-integers for a rounding Quant, ``x`` against the thresholds for a
+MultiThreshold, ``x`` against 0 for a bipolar one. When the input lies within float32 rounding of a boundary, two
+correct computations of the same real-number value can land on different sides. Such an element is a *near-tie*:
+
+* the two results differ by exactly one quantization step, and
+* the quantizer's input, in the model before or after the rewrite, lies within a relative ``rtol`` of a boundary,
+  and that comparison is not between integers (an integer accumulator against an integer threshold is exact: no
+  rounding can move it, so a difference there is a real one); or the new value equals the float64 execution of
+  the original model.
+
+:func:`margin_at` measures the distance to the nearest boundary; :func:`split_near_ties` sorts the differing
+elements of a comparison into near-ties and real differences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Callable
+
+import numpy as np
+
+from custom_ops.multithreshold import channel_axis_of
+
+__all__ = ["NearTie", "Margin", "margin_at", "split_near_ties", "QUANTIZER_OPS", "DEFAULT_NEAR_TIE_RTOL"]
+
+#: nodes whose output levels are decided by comparisons with boundaries
+QUANTIZER_OPS = ("Quant", "IntQuant", "BipolarQuant", "MultiThreshold")
+#: default relative distance to a boundary below which a one-step difference is a float32 near-tie
+DEFAULT_NEAR_TIE_RTOL = 1e-4
+#: more one-step differences than this in one tensor of one sample are not accepted as near-ties (they are rare)
+MAX_NEAR_TIES = 256
+
+
+@dataclass(frozen=True)
+class Margin:
+    """Where an input element stands relative to the quantizer's nearest decision boundary.
+
+    ``value`` is the compared quantity (``x/s + z`` for a Quant, ``x`` otherwise), ``boundary`` the nearest
+    boundary, ``relative`` their distance relative to the magnitude involved, ``exact`` True when both are
+    integers (so float rounding cannot have moved the decision)."""
+
+    value: float
+    boundary: float
+    relative: float
+    exact: bool
+
+    def is_near(self, rtol: float) -> bool:
+        """True if a float rounding error of relative size ``rtol`` could have flipped the decision."""
+        return not self.exact and self.relative <= rtol
+
+
+@dataclass(frozen=True)
+class NearTie:
+    """One element accepted as a float32 near-tie: tensor, sample, index, the two values, the quantizer node and
+    its margin (None when the evidence is agreement with float64 execution of the original)."""
+
+    tensor: str
+    sample: int
+    index: tuple[int, ...]
+    expected: float
+    actual: float
+    node: str
+    margin: Margin | None
+    evidence: str
+
+    def describe(self) -> str:
+        where = f"tensor '{self.tensor}' {self.index} (sample {self.sample}, node '{self.node}')"
+        if self.margin is None:
+            return f"{where}: {self.expected:.9g} -> {self.actual:.9g}, equal to float64 execution of the original"
+        m = self.margin
+        return (f"{where}: {self.expected:.9g} -> {self.actual:.9g}; input {m.value:.9g} vs boundary "
+                f"{m.boundary:.9g} (relative margin {m.relative:.2e})")
+
+
+def _integral(v: float) -> bool:
+    return bool(np.isfinite(v) and v == np.round(v) and abs(v) < 2**53)
+
+
+def _relative(value: float, boundary: float, floor: float = 0.0) -> float:
+    scale = max(abs(value), abs(boundary), floor)
+    return abs(value - boundary) / scale if scale > 0 else 0.0
+
+
+def margin_at(node: Any, values: Callable[[str], np.ndarray | None], index: tuple[int, ...]) -> Margin | None:
+    """The margin of quantizer ``node`` (an ``onnx_ir.Node``) at output element ``index``; ``values(name)`` returns
+    a tensor's value (or None). None for other nodes or when an input is unknown."""
+    op = node.op_type
+    if op not in QUANTIZER_OPS or not node.inputs or node.inputs[0] is None:
+        return None
+    ins = [values(v.name) if v is not None else None for v in node.inputs]
+    x = ins[0]
+    if x is None or any(i is None for i in ins[1:2]):
+        return None
+    x = np.asarray(x)
+    try:
+        xv = float(x[index])
+    except (IndexError, ValueError):
+        return None
+    if op == "MultiThreshold":
+        layout = node.attributes.get("data_layout")
+        axis = channel_axis_of(layout.value if layout is not None else "", x.ndim)
+        thresholds = np.asarray(ins[1])
+        if thresholds.ndim != 2:
+            return None
+        row = np.asarray(thresholds[0] if thresholds.shape[0] == 1 else thresholds[index[axis]], np.float64)
+        if row.size == 0:
+            return None
+        k = int(np.argmin(np.abs(row - xv)))
+        b = float(row[k])
+        return Margin(xv, b, _relative(xv, b), _integral(xv) and _integral(b))
+    if op == "BipolarQuant":
+        scale = float(np.max(np.abs(x))) if x.size else 0.0  # a bipolar boundary is 0: relative to the tensor
+        return Margin(xv, 0.0, _relative(xv, 0.0, scale), _integral(xv))
+    # Quant / IntQuant: u = x / s + z (in x's own float type, as the quantizer computes it) against half-integers
+    # (integers for FLOOR/CEIL-like modes, 0 for a bipolar one)
+    if len(ins) < 4 or ins[2] is None or ins[3] is None:
+        return None
+    ftype = x.dtype.type if x.dtype.kind == "f" else np.float64
+    s = ftype(np.broadcast_to(np.asarray(ins[1]), x.shape)[index])
+    z = ftype(np.broadcast_to(np.asarray(ins[2]), x.shape)[index])
+    bits = float(np.asarray(ins[3]).reshape(-1)[0])
+    signed = node.attributes.get("signed")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = float(ftype(x[index]) / s + z)
+    if not (np.isfinite(u) and np.isfinite(float(s)) and float(s) != 0 and np.isfinite(xv)):
+        return None
+    mode_attr = node.attributes.get("rounding_mode")
+    mode = str(mode_attr.value).upper() if mode_attr is not None else "ROUND"
+    if bits == 1 and (signed is None or int(signed.value)):
+        b = 0.0
+    elif mode in ("ROUND", "HALF_EVEN", "HALF_UP", "HALF_DOWN"):
+        b = float(np.floor(u)) + 0.5
+    else:
+        b = float(np.round(u))
+    # the real-number quotient: if computing u rounded nothing, the decision is exact (an exact tie is not a
+    # near-tie); otherwise the margin is the real value's distance to the boundary
+    real = Fraction(xv) / Fraction(float(s)) + Fraction(float(z))
+    exact = real == Fraction(u)
+    return Margin(u, b, float(abs(real - Fraction(b))) / max(abs(float(real)), 1.0), exact)
+
+
+def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np.ndarray, expected: np.ndarray, *,
+                    tensor: str, sample: int, step: np.ndarray | float | None,
+                    quantizers: list[tuple[Any, Callable[[str], np.ndarray | None]]], rtol: float,
+                    float64: Callable[[], np.ndarray | None] | None = None) -> tuple[list[NearTie], np.ndarray]:
+    """Sort the differing elements (flat ``diff_indices``) of one tensor into near-ties and real differences.
+
+    ``quantizers`` lists (node, value lookup) pairs for the quantizer producing the tensor in each model version
+    (after and before the rewrite). ``float64``, if given, returns the float64 reference of the same tensor of the
+    original model (or None); it is called only for differences the margins do not explain, and an element agrees
+    with it when it has the same level (within a thousandth of a step). Only quantized tensors (``step`` known) can
+    have near-ties. Returns the near-ties and the flat indices of the real differences."""
+    if diff_indices.size == 0:
+        return [], diff_indices
+    a = np.asarray(actual, dtype=np.float64).reshape(-1)[diff_indices]
+    e = np.asarray(expected, dtype=np.float64).reshape(-1)[diff_indices]
+    if step is None:
+        return [], diff_indices  # not a quantized tensor: no level to have rounded differently
+    try:
+        st = np.broadcast_to(np.abs(np.asarray(step, np.float64)), shape).reshape(-1)[diff_indices]
+    except ValueError:
+        return [], diff_indices
+    one_step = (st > 0) & (np.abs(np.abs(a - e) - st) <= 1e-5 * st)
+    by_margin: dict[int, tuple[Margin, str]] = {}
+    if int(one_step.sum()) <= MAX_NEAR_TIES:
+        for k in np.flatnonzero(one_step).tolist():
+            index = tuple(int(i) for i in np.unravel_index(int(diff_indices[k]), shape)) if shape else ()
+            for node, lookup in quantizers:
+                m = margin_at(node, lookup, index)
+                if m is not None and m.is_near(rtol) and (k not in by_margin or m.relative < by_margin[k][0].relative):
+                    by_margin[k] = (m, node.name or node.op_type)
+    unexplained = np.array([k not in by_margin for k in range(diff_indices.size)], bool)
+    by_f64 = np.zeros(diff_indices.shape, bool)
+    if unexplained.any() and float64 is not None:
+        ref = float64()
+        if ref is not None and np.shape(ref) == tuple(shape):
+            f = np.asarray(ref, np.float64).reshape(-1)[diff_indices]
+            by_f64 = unexplained & (st > 0) & (np.abs(a - f) <= 1e-3 * st)  # the same level as float64
+    real = unexplained & ~by_f64
+    if real.any():
+        return [], diff_indices[real]
+    ties: list[NearTie] = []
+    for k in range(diff_indices.size):
+        index = tuple(int(i) for i in np.unravel_index(int(diff_indices[k]), shape)) if shape else ()
+        if k in by_margin:
+            m, node = by_margin[k]
+            ties.append(NearTie(tensor, sample, index, float(e[k]), float(a[k]), node, m, "margin"))
+        else:
+            ties.append(NearTie(tensor, sample, index, float(e[k]), float(a[k]), "", None, "float64"))
+    return ties, diff_indices[:0]
