@@ -142,12 +142,13 @@ def _node_range(node: ir.Node, ins: list[Range], consts: list[np.ndarray | None]
     return Range.unknown()
 
 
-def _custom_range(node: ir.Node, model: Any, ins: list[Range], consts: list[np.ndarray | None]) -> Range | None:
+def _custom_range(node: ir.Node, model: Any, ins: list[Range]) -> Range | None:
     """Range from a custom op's own datatype inference (Quant with scale 1, QuantAvgPool2d, ...)."""
     from custom_ops.registry import is_custom_domain, make_op
 
     if not is_custom_domain(node.domain) or node.op_type in ("MultiThreshold", "XnorPopcountMatMul"):
         return None
+    consts = [const_array(v) for v in node.inputs]
     try:
         dts = make_op(node).infer_datatypes([r.datatype() for r in ins], consts)
     except Exception:  # an op that cannot say leaves its output unknown
@@ -155,23 +156,81 @@ def _custom_range(node: ir.Node, model: Any, ins: list[Range], consts: list[np.n
     return Range.of_datatype(dts[0])
 
 
+class _ConstCache:
+    """Ranges of constant tensors and weight-derived ranges, keyed by the tensor object (so a rewritten
+    initializer, which is a new tensor, is recomputed); kept on the model between runs."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[int, Any], tuple[Any, Any]] = {}
+        self.used: set[tuple[int, Any]] = set()
+
+    def get(self, tensor: Any, key: Any, compute: Any) -> Any:
+        k = (id(tensor), key)
+        self.used.add(k)
+        hit = self.entries.get(k)
+        if hit is not None and hit[0] is tensor:
+            return hit[1]
+        value = compute()
+        self.entries[k] = (tensor, value)
+        return value
+
+    def prune(self) -> None:
+        self.entries = {k: v for k, v in self.entries.items() if k in self.used}
+        self.used = set()
+
+
+def _cache(model: Any) -> _ConstCache:
+    cache = getattr(model, "_finnlite_range_cache", None)
+    if cache is None:
+        cache = _ConstCache()
+        setattr(model, "_finnlite_range_cache", cache)
+    return cache
+
+
+def _weight_tensor(node: ir.Node) -> Any:
+    v = node.inputs[1] if len(node.inputs) > 1 else None
+    return v.const_value if v is not None else None
+
+
 def infer_ranges(model: Any) -> dict[str, Range]:
-    """The range of every tensor of ``model`` (see the module docstring); the graph must be sorted."""
+    """The range of every tensor of ``model`` (see the module docstring); the graph must be sorted. Ranges of
+    constants and of weight sums are cached on the model across calls, keyed by the tensor objects."""
+    cache = _cache(model)
     ranges: dict[str, Range] = {}
     for v in model.graph.inputs:
         ranges[v.name] = Range.of_datatype(model.get_tensor_datatype(v.name))
     for name, v in model.graph.initializers.items():
-        ranges[name] = Range.of_array(v.const_value.numpy()) if v.const_value is not None else Range.unknown()
+        t = v.const_value
+        ranges[name] = cache.get(t, "range", lambda t=t: Range.of_array(t.numpy())) if t is not None \
+            else Range.unknown()
     for node in model.graph:
-        consts = [const_array(v) for v in node.inputs]
-        ins = [ranges.get(v.name, Range.of_array(c) if c is not None else Range.unknown()) if v is not None
-               else Range.unknown() for v, c in zip(node.inputs, consts)]
-        r = _custom_range(node, model, ins, consts)
+        ins = []
+        for v in node.inputs:
+            if v is None:
+                ins.append(Range.unknown())
+            elif v.name in ranges:
+                ins.append(ranges[v.name])
+            else:
+                c = const_array(v)
+                ins.append(Range.of_array(c) if c is not None else Range.unknown())
+        r = _custom_range(node, model, ins)
         if r is None:
-            r = _node_range(node, ins, consts) if ins else Range.unknown()
+            w = _weight_tensor(node) if node.op_type in ("MatMul", "Conv") else None
+            if w is not None:
+                r = cache.get(w, (node.op_type, ins[0], _conv_padded(node)),
+                              lambda node=node, ins=ins: _node_range(node, ins, [const_array(v) for v in node.inputs]))
+            else:
+                r = _node_range(node, ins, [const_array(v) if v is not None else None for v in node.inputs]) \
+                    if ins else Range.unknown()
         for out in node.outputs:
             ranges[out.name] = r
+    cache.prune()
     return ranges
+
+
+def _conv_padded(node: ir.Node) -> bool:
+    attrs = {k: a.value for k, a in node.attributes.items()}
+    return any(attrs.get("pads", [])) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID")
 
 
 @register_pass(group="tidy")
