@@ -476,7 +476,58 @@ class AbsorbIntegerMulIntoMultiThreshold(Rule):
         model.remove_node(node)
 
 
+@register_pass(group="reorder")
+class MoveLinearPastPad(Rule):
+    """Pad(Mul(x, a), v) → Mul(Pad(x, v/a), a); Pad(Add(x, b), v) → Add(Pad(x, v − b), b) (constant mode).
+
+    Algebra: the border of the result must stay v: a·(v/a) = v and (v − b) + b = v. Conditions: constant mode, a
+    scalar constant (a per-channel one would need a per-channel pad value), a ≠ 0, the new pad value exact in
+    float32; the Mul/Add feeds only the Pad. With v = 0 a Mul passes unchanged; FINN's rule that moved a Mul past
+    a Pad with a non-zero fill value changed the border."""
+
+    op_types = ("Pad",)
+
+    def match(self, model: Any, node: ir.Node) -> Any:
+        lin = _linear_input(node, 0, ("Mul", "Add"))
+        if lin is None:
+            return None
+        mode = node.attributes["mode"].value if "mode" in node.attributes else "constant"
+        if mode != "constant":
+            return self.miss(node, f"a linear op cannot pass a Pad in {mode} mode")
+        val = exact_value(lin[0], lin[2])
+        if val.size != 1:
+            return self.miss(node, f"a non-scalar {lin[0].op_type} cannot pass a Pad (the fill value is scalar)")
+        a = val.ravel()[0]
+        fill = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+        if len(node.inputs) > 2 and node.inputs[2] is not None and fill is None:
+            return self.miss(node, "the pad value is not a constant")
+        v = Fraction(float(np.asarray(fill).ravel()[0])) if fill is not None else Fraction(0)
+        if lin[0].op_type == "Mul":
+            if a == 0:
+                return self.miss(node, "a zero scale cannot pass a Pad")
+            new_v = v / a
+        else:
+            new_v = v - a
+        if Fraction(float(np.float32(float(new_v)))) != new_v:
+            return self.miss(node, "the moved pad value is not exact in float32")
+        return node, lin, new_v, val
+
+    def rewrite(self, model: Any, match: Any) -> None:
+        node, (lin, ci, _), new_v, val = match
+        if new_v != 0 or len(node.inputs) > 2:
+            k = model.add_initializer(np.array(float(new_v), np.float32), prefix=f"{node.name}_fill")
+            if len(node.inputs) > 2:
+                node.replace_input_with(2, k)
+            else:
+                while len(node.inputs) < 2:
+                    node.resize_inputs(len(node.inputs) + 1)
+                node.resize_inputs(3)
+                node.replace_input_with(2, k)
+        _move_after(model, lin, ci, node, 0, val)
+
+
 #: The reorder rules, in the order a round applies them.
 REORDER_PASSES = [MoveLinearPastFork, MoveScalarMulPastMatMul, MoveAddPastMatMul, MoveMulPastConv, MoveAddPastConv,
                   MoveLinearPastMaxPool, MoveLinearPastAveragePool, MoveMulPastRelu, MoveScalarLinearPastInvariants,
+                  MoveLinearPastPad,
                   MoveLinearPastEltwiseAdd, MoveLinearPastConcat, AbsorbIntegerMulIntoMultiThreshold]
