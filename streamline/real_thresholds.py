@@ -25,6 +25,7 @@ and recomputed exactly with Fractions only where the bound does not decide (exac
 from __future__ import annotations
 
 import base64
+import weakref
 import json
 import math
 from fractions import Fraction
@@ -42,8 +43,7 @@ _EPS = 2.0 ** -50  # a generous bound on the relative error of a few float64 ope
 def _frac_column(v: Any) -> np.ndarray:
     """A 1-D object array of Fractions from a scalar, a float array or an object array."""
     if isinstance(v, np.ndarray) and v.dtype == object and v.ndim == 1:
-        if all(type(x) is Fraction for x in v):
-            return v
+        return v  # internal: object arrays passed around here hold Fractions
     arr = np.asarray(v, dtype=object).ravel()
     out = np.empty(arr.size, dtype=object)
     for i, x in enumerate(arr):
@@ -90,6 +90,8 @@ class RealThresholds:
     def _full(self) -> "RealThresholds":
         """The same thresholds with every part expanded to one row per channel."""
         rows = self.shape[0]
+        if self.base.shape[0] == self.alpha.size == self.beta.size == rows:
+            return self
         rep = lambda a: a if a.shape[0] == rows else np.repeat(a, rows, axis=0)  # noqa: E731
         return RealThresholds(rep(self.base), rep(self.strict), rep(self.alpha), rep(self.beta))
 
@@ -204,10 +206,18 @@ class RealThresholds:
         return self.clip_composed(0.0, None)
 
     # -- materialization --------------------------------------------------------------------------------------
+    def _floats(self) -> tuple[np.ndarray, np.ndarray]:
+        """α and β rounded to float64 (cached)."""
+        cached = getattr(self, "_float_ab", None)
+        if cached is None:
+            cached = (np.array([float(x) for x in self.alpha]), np.array([float(x) for x in self.beta]))
+            self._float_ab = cached
+        return cached
+
     def _approx(self) -> tuple[np.ndarray, np.ndarray, "RealThresholds"]:
         full = self._full()
-        a = np.array([float(x) for x in full.alpha])[:, None]
-        b = np.array([float(x) for x in full.beta])[:, None]
+        a, b = full._floats()
+        a, b = a[:, None], b[:, None]
         with np.errstate(invalid="ignore", over="ignore"):
             v = (full.base - b) / a
             err = _EPS * (np.abs(full.base) + np.abs(b)) / a + 1e-300
@@ -329,18 +339,30 @@ def quant_real_thresholds(scale: np.ndarray, zeropoint: np.ndarray, bitwidth: in
     return RealThresholds(base, np.repeat(strict, rows, axis=0))
 
 
+#: the object behind each node's metadata text, so that reading back what was just written costs no parsing
+_BY_NODE: "weakref.WeakKeyDictionary[Any, tuple[str, RealThresholds]]" = weakref.WeakKeyDictionary()
+
+
 def get_real_thresholds(node: Any) -> RealThresholds | None:
     """The real thresholds stored on an ``onnx_ir`` MultiThreshold node, or None."""
     text = node.metadata_props.get(META_KEY)
-    return _parse(text) if text else None
+    if not text:
+        return None
+    hit = _BY_NODE.get(node)
+    if hit is not None and hit[0] is text:
+        return hit[1]
+    return _parse(text)
 
 
 def set_real_thresholds(node: Any, rt: RealThresholds | None) -> None:
     """Store (or, with None, remove) the real thresholds on an ``onnx_ir`` node."""
     if rt is None:
         node.metadata_props.pop(META_KEY, None)
+        _BY_NODE.pop(node, None)
     else:
-        node.metadata_props[META_KEY] = rt.to_json()
+        text = rt.to_json()
+        node.metadata_props[META_KEY] = text
+        _BY_NODE[node] = (node.metadata_props[META_KEY], rt)
 
 
 def relu_composed(rt: RealThresholds) -> RealThresholds:

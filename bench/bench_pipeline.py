@@ -1,0 +1,182 @@
+"""The whole pipeline: per zoo model times, memory and node counts; per-pass verification cost; scaling.
+
+Each zoo model runs in its own subprocess so that its peak memory (RSS) is its own. Printed per model: load,
+convert (tidy + convert), streamline (the remaining stages), final verification (against the original on 8
+random inputs from the manifest's range), save, total, peak RSS against the file size, node counts. Then the
+cost of per-pass verification on mobilenet_v1_4b, and the streamline time per node of Brevitas-style MLPs with 3
+to 48 hidden layers and of a ResNet-style graph of about 1,000 nodes built in code. FINN's figures are quoted
+from the issue tracker (finn-plus 1.6.1 default flow on the same kind of machine, same files): they were not
+measured in this run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+ZOO = Path(os.environ.get("FINNLITE_ZOO", REPO.parent / "shared" / "zoo"))
+FINN_STREAMLINE_S = {"tfc_2w2a": 1.0, "cnv_2w2a": 3.6, "mobilenet_v1_4b": 100.0, "resnet18_4w4a_ts": 70.0}
+FINN_MLP_S = {3: 1.3, 12: 14.0, 24: 61.0}
+
+
+def one_model(name: str) -> dict:
+    """Measure one zoo model in this process (run as a subprocess by :func:`main`)."""
+    from finnlite import Model
+    from finnlite.passes import PassManager
+    from streamline.pipeline import default_stages
+    from verify import ReferenceData, final_check
+
+    entry = json.loads((ZOO / "manifest.json").read_text())[name]
+    path = ZOO / entry["file"]
+    t = {}
+    t0 = time.perf_counter()
+    model = Model(path)
+    t["load"] = time.perf_counter() - t0
+    lo, hi = entry["input_range"]
+    ref = ReferenceData.random(model, n=8, seed=0, low=lo, high=hi)
+    nodes_before = len(model)
+    stages = default_stages()
+    t0 = time.perf_counter()
+    PassManager(stages[:2]).run(model)
+    t["convert"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    PassManager(stages[2:]).run(model)
+    t["streamline"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    check = final_check(ref, model)
+    t["verify"] = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        model.save(Path(tmp) / "out.onnx")
+        t["save"] = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"name": name, "times": t, "rss": rss, "file": path.stat().st_size, "nodes_before": nodes_before,
+            "nodes_after": len(model), "ok": check.ok, "hist": model.op_histogram()}
+
+
+def _subprocess(name: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--one", name], capture_output=True,
+                         text=True, cwd=REPO, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def zoo_table() -> None:
+    print("== pipeline on the zoo (each model in its own process; verify = final check on 8 inputs)")
+    print(f"  {'model':<18} {'load':>5} {'conv':>5} {'strm':>5} {'verif':>5} {'save':>5} {'total':>6}  "
+          f"{'RSS/file':>8} {'nodes':>9}  {'FINN streamline':>15}")
+    names = [n for n in json.loads((ZOO / "manifest.json").read_text())]
+    for name in names:
+        r = _subprocess(name)
+        t = r["times"]
+        total = sum(t.values())
+        finn = FINN_STREAMLINE_S.get(name)
+        finn_text = f"{finn:.0f} s ({finn / (t['convert'] + t['streamline']):.0f}x)" if finn else ""
+        print(f"  {name:<18} {t['load']:5.2f} {t['convert']:5.2f} {t['streamline']:5.2f} {t['verify']:5.2f} "
+              f"{t['save']:5.2f} {total:6.2f}  {r['rss'] / r['file']:7.1f}x {r['nodes_before']:>4}->{r['nodes_after']:<4}"
+              f"  {finn_text:>15}{'' if r['ok'] else '  VERIFICATION FAILED'}")
+    print("  targets: mobilenet_v1_4b and resnet18_4w4a_ts end to end < 5 s, cnv_2w2a < 1 s; RSS < 3x the file")
+    print("  (RSS includes the Python interpreter and libraries, about 150 MB, which dominates for the small models)")
+
+
+def verification_overhead() -> None:
+    from finnlite import Model
+    from streamline.pipeline import default_stages
+    from verify import ReferenceData, measure_overhead
+
+    name = "mobilenet_v1_4b"
+    entry = json.loads((ZOO / "manifest.json").read_text())[name]
+    lo, hi = entry["input_range"]
+    model = Model(ZOO / entry["file"])
+    reference = ReferenceData.random(model, n=4, seed=0, low=lo, high=hi)
+    o = measure_overhead(model, default_stages, reference)
+    print(f"== per-pass verification on {name}: pipeline {o.plain_seconds:.2f} s, with verification "
+          f"{o.verified_seconds:.2f} s ({o.ratio:.2f}x, {o.checks} checks); target < 2x")
+
+
+def _resnet_style(blocks: int) -> "object":
+    """A ResNet-style QONNX graph of ``blocks`` residual blocks (about 12 nodes each), built in code."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from finnlite.compat import QONNX_DOMAIN, make_model
+
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    count = [0]
+
+    def const(v):
+        count[0] += 1
+        name = f"c{count[0]}"
+        inits.append(numpy_helper.from_array(np.asarray(v, dtype=np.float32), name))
+        return name
+
+    def node(op, ins, domain="", **attrs):
+        count[0] += 1
+        out = f"t{count[0]}"
+        nodes.append(helper.make_node(op, ins, [out], domain=domain, name=f"n{count[0]}", **attrs))
+        return out
+
+    def quant(x, scale, bits, signed):
+        return node("Quant", [x, const(scale), const(0.0), const(float(bits))], QONNX_DOMAIN, signed=int(signed),
+                    narrow=int(signed), rounding_mode="ROUND")
+
+    c = 8
+    x = quant("x", 1 / 64, 8, True)
+    x = node("Conv", [x, quant(const(rng.normal(size=(c, 3, 3, 3))), 0.1, 4, True)], pads=[1, 1, 1, 1])
+    x = quant(node("Relu", [x]), 1 / 15, 4, False)
+    for _ in range(blocks):
+        y = node("Conv", [x, quant(const(rng.normal(size=(c, c, 3, 3))), 0.05, 4, True)], pads=[1, 1, 1, 1])
+        y = node("BatchNormalization", [y, const(rng.uniform(0.5, 1.5, c)), const(rng.normal(0, 0.1, c)),
+                                        const(rng.normal(0, 0.1, c)), const(rng.uniform(0.5, 2, c))])
+        y = quant(node("Relu", [y]), 1 / 15, 4, False)
+        y = node("Conv", [y, quant(const(rng.normal(size=(c, c, 3, 3))), 0.05, 4, True)], pads=[1, 1, 1, 1])
+        y = quant(y, 1 / 15, 4, False)
+        x = quant(node("Relu", [node("Add", [x, y])]), 1 / 15, 4, False)
+    graph = helper.make_graph(nodes, "resnet_style", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                   [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, c, 8, 8])], initializer=inits)
+    return make_model(graph)
+
+
+def scaling() -> None:
+    from finnlite import Model
+    from finnlite.examples import build_mlp
+    from streamline.pipeline import streamline_model
+
+    print("== scaling: convert + streamline time per node (should stay flat)")
+    print(f"  {'graph':<22} {'nodes':>6} {'seconds':>8} {'ms/node':>8}  {'FINN (quoted)':>13}")
+    cases = [(f"MLP {n} layers x 64", build_mlp(n, 64), FINN_MLP_S.get(n)) for n in (3, 12, 24, 48)]
+    cases.append(("ResNet-style 80 blocks", _resnet_style(80), None))
+    for label, proto, finn in cases:
+        model = Model(proto)
+        n = len(model)
+        t0 = time.perf_counter()
+        streamline_model(model)
+        dt = time.perf_counter() - t0
+        print(f"  {label:<22} {n:>6} {dt:8.2f} {1000 * dt / n:8.2f}  {f'{finn:.1f} s' if finn else '':>13}")
+    print("  FINN on Brevitas MLPs of 64 units: 1.3 s at 3 layers, 14 s at 12, 61 s at 24 (superlinear);")
+    print("  FINN did not finish a 317-node ProxylessNAS export in 900 s and peaked at 14.5 GB")
+
+
+def main() -> None:
+    if not (ZOO / "manifest.json").is_file():
+        print(f"== pipeline benchmarks need the model zoo (FINNLITE_ZOO, tried {ZOO}); zoo parts skipped")
+    else:
+        zoo_table()
+        verification_overhead()
+    scaling()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--one":
+        print(json.dumps(one_model(sys.argv[2])))
+    else:
+        main()
