@@ -1,8 +1,16 @@
 """The ``finnlite`` command.
 
-``finnlite streamline IN.onnx -o OUT.onnx`` runs the default pipeline and prints a summary; ``finnlite info MODEL``
-prints the op histogram and datatypes; ``finnlite passes`` lists the registered passes and stages. A user mistake
-(bad file, bad option) prints one line and exits with code 2; a failed verification exits with code 1.
+* ``finnlite streamline IN.onnx -o OUT.onnx [--config cfg.yaml] [--verify off|final|each] [--inputs x.npz]
+  [--input-range LO HI] [--report report.html] [--json]`` runs the default pipeline (as configured), verifies the
+  result (default: the final check against the original), writes the model and prints a summary;
+* ``finnlite info MODEL`` prints the op histogram, datatypes and the inference cost;
+* ``finnlite passes`` lists the default stages and the registered passes;
+* ``finnlite exec MODEL inputs.npz`` runs the executor (the oracle) and prints or saves the outputs;
+* ``finnlite verify A.onnx B.onnx`` compares model B with model A on reference data;
+* ``finnlite bisect IN.onnx`` finds the first pass (and rewrite) that breaks equivalence.
+
+Progress goes to stderr; with ``--json`` stdout holds only the JSON. Exit codes: 0 success, 1 failed verification
+(the message names the pass or tensor), 2 bad input or usage (one line, no traceback), 3 an internal error.
 """
 
 from __future__ import annotations
@@ -10,14 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from finnlite.errors import FinnliteError, ModelLoadError
+from finnlite.errors import FinnliteError
 
 log = logging.getLogger("finnlite")
+#: exit code for an unexpected exception (a bug), distinct from 2 (bad input or usage) and 1 (failed verification)
+INTERNAL_ERROR = 3
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -26,95 +37,107 @@ class _ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-class _Progress:
-    """A pass-manager hook that reports each stage on stderr as it starts and ends."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.t0 = 0.0
-
-    def before_stage(self, stage: Any, model: Any) -> None:
-        self.t0 = time.perf_counter()
-        if self.enabled:
-            print(f"  [{stage.name}] {len(model)} nodes ...", file=sys.stderr, flush=True)
-
-    def after_stage(self, stage: Any, model: Any) -> None:
-        if self.enabled:
-            print(f"  [{stage.name}] done in {time.perf_counter() - self.t0:.2f} s, {len(model)} nodes",
-                  file=sys.stderr, flush=True)
-
-
-def _histogram_table(before: dict[str, int], after: dict[str, int]) -> list[str]:
-    ops = sorted(set(before) | set(after), key=lambda o: (-after.get(o, 0), -before.get(o, 0), o))
-    width = max([len(o) for o in ops] + [7])
-    lines = [f"  {'op':<{width}}  before  after"]
-    lines += [f"  {o:<{width}}  {before.get(o, 0):>6}  {after.get(o, 0):>5}" for o in ops]
-    lines.append(f"  {'total':<{width}}  {sum(before.values()):>6}  {sum(after.values()):>5}")
-    return lines
-
-
 def _check_output_path(inp: Path, out: Path) -> None:
-    if out.exists() and out.resolve() == inp.resolve():
-        raise ModelLoadError("refusing to overwrite the input model; choose another output path", file=str(out))
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise ModelLoadError("the output folder does not exist", file=str(out))
+    from finnlite.io import check_output_path
+
+    check_output_path(out, source=inp)
+
+
+def _progress(enabled: bool) -> Any:
+    """A progress callback printing on stderr (None when disabled)."""
+    if not enabled:
+        return None
+    return lambda line: print(f"  {line}", file=sys.stderr, flush=True)
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from finnlite.config import Config, load_config
+
+    return load_config(args.config) if getattr(args, "config", None) else Config()
+
+
+def _emit_json(data: Any) -> None:
+    from finnlite.report import json_default
+
+    print(json.dumps(data, indent=2, default=json_default))
 
 
 def cmd_streamline(args: argparse.Namespace) -> int:
+    from finnlite.build import streamline
+    from finnlite.errors import ConfigError
     from finnlite.model import Model
-    from streamline.pipeline import streamline_model
 
     inp, out = Path(args.input), Path(args.output)
     _check_output_path(inp, out)
+    report_path = Path(args.report) if args.report else None
+    if report_path is not None and not (report_path.parent if str(report_path.parent) else Path(".")).is_dir():
+        raise ConfigError("the report folder does not exist", file=str(report_path))
+    config = _config(args)
     t0 = time.perf_counter()
     model = Model(inp)
     t_load = time.perf_counter() - t0
-    progress = _Progress(enabled=not args.json)
-    result = streamline_model(model, hooks=[progress], only=args.stages)
-    t1 = time.perf_counter()
-    model.save(out)
-    t_save = time.perf_counter() - t1
-    summary = {
-        "input": str(inp), "output": str(out),
-        "nodes_before": sum(result.histogram_before.values()), "nodes_after": sum(result.histogram_after.values()),
-        "ops_before": result.histogram_before, "ops_after": result.histogram_after,
-        "seconds": {"load": t_load, **result.report.stage_seconds, "save": t_save},
-        "unapplied": [f"{m.rule} at {m.node}: {m.reason}" for m in result.report.misses],
-    }
+    report = streamline(model, config, verify=args.verify, inputs=args.inputs, input_range=args.input_range,
+                        samples=args.samples, seed=args.seed, stages=args.stages, progress=_progress(not args.quiet))
+    report.seconds = {"load": t_load, **report.seconds}
+    written = None
+    if report.ok:
+        t1 = time.perf_counter()
+        model.save(out)
+        report.seconds["save"] = time.perf_counter() - t1
+        written = out
+    elif report.completed:  # the final check failed: keep the result for inspection, not under the asked name
+        written = out.with_name(f"{out.stem}.unverified{out.suffix or '.onnx'}")
+        model.save(written)
+    report.output = str(written) if written else None
+    if report_path is not None:
+        report.save_html(report_path)
+        if not args.quiet:
+            print(f"  report written to {report_path}", file=sys.stderr)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        _emit_json(report.to_dict())
+    else:
+        print(f"finnlite streamline: {inp} -> {written if written else '(nothing written)'}")
+        print(report.text())
+    if report.ok:
         return 0
-    print(f"finnlite streamline: {inp} -> {out}")
-    print(f"stages: {', '.join(result.stages)}")
-    print("\n".join(_histogram_table(result.histogram_before, result.histogram_after)))
-    times = ", ".join(f"{k} {v:.2f} s" for k, v in summary["seconds"].items())
-    print(f"time: {times} (total {time.perf_counter() - t0:.2f} s)")
-    return 0
+    print(f"finnlite: error: {report.error}", file=sys.stderr)
+    if report.completed:
+        again = f" --config {args.config}" if args.config else ""
+        print(f"finnlite: the unverified result is in {written}; to find the pass that breaks it, run: "
+              f"finnlite bisect {inp}{again}", file=sys.stderr)
+    return 1
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from finnlite.cost import datatype_histogram, inference_cost
     from finnlite.model import Model
 
     model = Model(args.model)
     hist = model.op_histogram()
+    dts = datatype_histogram(model)
+    cost = inference_cost(model)
+    if args.json:
+        _emit_json({"model": args.model, "nodes": len(model), "inputs": model.input_names,
+                    "outputs": model.output_names, "ops": hist, "datatypes": dts, "cost": cost.to_dict(),
+                    "layers": [{**vars(c), "bops": c.bops} for c in cost.layers]})
+        return 0
     print(f"{args.model}: {len(model)} nodes, inputs {model.input_names}, outputs {model.output_names}")
+    print("ops:")
     for op, n in hist.items():
         print(f"  {op:<24} {n:>5}")
-    dts: dict[str, int] = {}
-    for v in list(model.graph.initializers.values()) + [o for n in model.graph for o in n.outputs]:
-        if model.has_tensor_datatype(v.name):
-            name = model.get_tensor_datatype(v.name).name
-            dts[name] = dts.get(name, 0) + 1
-    if dts:
-        print("datatype annotations: " + ", ".join(f"{k} x{v}" for k, v in sorted(dts.items())))
+    for kind in ("weights", "activations"):
+        if dts[kind]:
+            print(f"datatypes ({kind}): " + ", ".join(f"{k} x{v}" for k, v in dts[kind].items()))
+    if not dts["weights"] and not dts["activations"]:
+        print("datatypes: no annotations")
+    print("inference cost: " + cost.text())
     return 0
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
     from finnlite.passes import list_passes
-    from streamline.pipeline import default_stages
 
-    for stage in default_stages():
+    for stage in _config(args).build_stages():
         names = [p if isinstance(p, str) else p.name for p in stage.passes]
         print(f"stage {stage.name}{' (fixpoint)' if stage.fixpoint else ''}: {', '.join(names)}")
     print()
@@ -123,21 +146,205 @@ def cmd_passes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_arrays(path: str, input_names: list[str]) -> dict[str, Any]:
+    """Inputs from a .npy file (single-input models) or a .npz file keyed by input name (any key for one input)."""
+    import numpy as np
+
+    from finnlite.errors import ConfigError
+
+    if not Path(path).is_file():
+        raise ConfigError("input file not found", file=path)
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"cannot read the inputs: {' '.join(str(exc).split())}", file=path) from None
+    if isinstance(loaded, np.ndarray):
+        arrays = {"": loaded}
+    else:
+        with loaded:
+            arrays = {k: loaded[k] for k in loaded.files}
+    if len(input_names) == 1 and len(arrays) == 1 and input_names[0] not in arrays:
+        return {input_names[0]: next(iter(arrays.values()))}
+    if "" in arrays:
+        raise ConfigError(f"the model has inputs {input_names}; give a .npz file keyed by input name", file=path)
+    return arrays
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from custom_ops.executor import Executor
+    from finnlite.model import Model
+
+    model = Model(args.model)
+    inputs = _load_arrays(args.inputs, model.input_names)
+    t0 = time.perf_counter()
+    outputs = Executor(model.to_proto()).run(inputs)
+    seconds = time.perf_counter() - t0
+    if args.output:
+        np.savez(args.output, **outputs)
+    if args.json:
+        _emit_json({"seconds": seconds, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype),
+                                                         "values": v.tolist()} for k, v in outputs.items()}})
+        return 0
+    print(f"{args.model}: ran in {seconds:.3f} s")
+    for name, value in outputs.items():
+        print(f"output '{name}': shape {tuple(value.shape)}, {value.dtype}")
+        if value.size and value.dtype.kind in "fiub":
+            print(f"  min {value.min():.6g}, max {value.max():.6g}, mean {value.mean():.6g}")
+            if value.ndim >= 2 and value.shape[-1] > 1:
+                print(f"  argmax over the last axis: {np.argmax(value, axis=-1).reshape(-1)[:16].tolist()}")
+        print("  " + np.array2string(value, threshold=20, edgeitems=4, precision=6).replace("\n", "\n  "))
+    if args.output:
+        print(f"outputs saved to {args.output}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from finnlite.build import make_reference
+    from finnlite.config import Config
+    from finnlite.model import Model
+    from verify import final_check
+
+    original, candidate = Model(args.reference), Model(args.model)
+    reference, described = make_reference(original, Config(), inputs=args.inputs, input_range=args.input_range,
+                                          samples=args.samples, seed=args.seed)
+    result = final_check(reference, candidate, float_rtol=args.float_rtol)
+    if args.json:
+        from finnlite.report import VerificationResult
+
+        data = VerificationResult("final", described, reference.num_samples, final=result).to_dict()
+        _emit_json({"reference_model": args.reference, "model": args.model, **data})
+    else:
+        print(f"finnlite verify: {args.model} against {args.reference}; reference data: {described}")
+        print(result.summary())
+    if result.ok:
+        return 0
+    try:
+        result.raise_for_errors()
+    except FinnliteError as exc:
+        print(f"finnlite: error: {exc}", file=sys.stderr)
+    return 1
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from finnlite.build import make_reference
+    from finnlite.model import Model
+    from verify import bisect_pipeline
+
+    config = _config(args)
+    model = Model(args.input)
+    stages = config.build_stages(args.stages)
+    reference, described = make_reference(model, config, inputs=args.inputs, input_range=args.input_range,
+                                          samples=args.samples, seed=args.seed)
+    if not args.quiet:
+        print(f"  reference data: {described}", file=sys.stderr)
+        print("  running the pipeline with per-pass verification ...", file=sys.stderr, flush=True)
+    options = config.verification.hook_options()
+    kwargs = {"policy": options["policy"]}
+    if "near_tie_rtol" in options:
+        kwargs["near_tie_rtol"] = options["near_tie_rtol"]
+    result = bisect_pipeline(model, stages, reference, samples=reference.num_samples, **kwargs)
+    if args.json:
+        fields = ("ok", "stage", "pass_name", "iteration", "rewrite", "rewrites", "match", "message", "node", "tensor")
+        _emit_json({"input": args.input, "reference": described, **{k: getattr(result, k) for k in fields}})
+    else:
+        print(f"finnlite bisect: {args.input}; reference data: {described}")
+        print(result.text())
+    return 0 if result.ok else 1
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: '{text}'") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: '{text}'")
+    return value
+
+
+def _reference_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--inputs", metavar="X.npz", help="reference inputs: .npy, or .npz keyed by input name "
+                                                     "(default: random samples)")
+    p.add_argument("--input-range", nargs=2, type=_finite_float, metavar=("LO", "HI"),
+                   help="range of the random reference inputs (default: the model's input quantizer range)")
+    p.add_argument("--samples", type=_positive_int, metavar="N",
+                   help="number of random reference samples (default: 8, fewer for large inputs)")
+    p.add_argument("--seed", type=int, help="seed of the random reference inputs (default 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``finnlite`` command."""
+    from finnlite.config import VERIFY_MODES
+
     parser = _ArgumentParser(prog="finnlite", description="FINN-style streamlining of QONNX models.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the passes do")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
-    p = sub.add_parser("streamline", help="run the default pipeline on a QONNX model")
+
+    p = sub.add_parser("streamline", help="run the default pipeline on a QONNX model",
+                       description="Streamline a QONNX model into FINN-ONNX, verify it and print a summary.")
     p.add_argument("input", help="the QONNX model (.onnx)")
     p.add_argument("-o", "--output", required=True, help="where to write the streamlined model")
+    p.add_argument("--config", metavar="CFG.yaml", help="configuration: stages, user passes, verification")
+    p.add_argument("--verify", choices=VERIFY_MODES,
+                   help="off; final: compare the result with the original (default); each: verify every pass too")
+    _reference_options(p)
     p.add_argument("--stages", nargs="+", metavar="STAGE", help="run only these stages (in pipeline order)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--report", metavar="REPORT.html", help="write an HTML report (histograms, graphs, timings)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (only JSON on stdout)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=cmd_streamline)
-    p = sub.add_parser("info", help="op histogram and datatypes of a model")
+
+    p = sub.add_parser("info", help="op histogram, datatypes and inference cost of a model")
     p.add_argument("model")
+    p.add_argument("--json", action="store_true", help="print as JSON")
     p.set_defaults(func=cmd_info)
+
     p = sub.add_parser("passes", help="list the registered passes and the default stages")
+    p.add_argument("--config", metavar="CFG.yaml", help="show the stages with this configuration's passes")
     p.set_defaults(func=cmd_passes)
+
+    p = sub.add_parser("exec", help="run a model on inputs with the executor (the oracle)")
+    p.add_argument("model")
+    p.add_argument("inputs", help="the inputs: .npy, or .npz keyed by input name")
+    p.add_argument("-o", "--output", metavar="OUT.npz", help="save the outputs to this .npz file")
+    p.add_argument("--json", action="store_true", help="print the outputs as JSON")
+    p.set_defaults(func=cmd_exec)
+
+    p = sub.add_parser("verify", help="compare a model with a reference model on reference data",
+                       description="Check that MODEL (e.g. streamlined) computes what REFERENCE (e.g. the original "
+                                   "QONNX model) computes, as the final check of 'streamline' does.")
+    p.add_argument("reference", help="the reference model (A)")
+    p.add_argument("model", help="the model to check (B)")
+    _reference_options(p)
+    p.add_argument("--float-rtol", type=_finite_float, default=1e-5,
+                   help="tolerance of float outputs, relative to their magnitude (default 1e-5)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("bisect", help="find the first pass and rewrite that break equivalence",
+                       description="Run the pipeline with per-pass verification and, at the first failing pass, "
+                                   "find the first failing rewrite.")
+    p.add_argument("input", help="the QONNX model (.onnx)")
+    p.add_argument("--config", metavar="CFG.yaml", help="configuration: stages, user passes, verification")
+    _reference_options(p)
+    p.add_argument("--stages", nargs="+", metavar="STAGE", help="run only these stages (in pipeline order)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=cmd_bisect)
     return parser
 
 
@@ -154,6 +361,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("finnlite: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug in finnlite: one line, its own exit code, no traceback
+        text = " ".join(str(exc).split()) or "(no message)"
+        print(f"finnlite: internal error: {type(exc).__name__}: {text} (a bug in finnlite; rerun with "
+              f"FINNLITE_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        if os.environ.get("FINNLITE_TRACEBACK"):
+            raise
+        return INTERNAL_ERROR
 
 
 if __name__ == "__main__":

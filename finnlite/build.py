@@ -1,0 +1,328 @@
+"""Running the pipeline with verification and a report, from Python, the CLI, or FINN's ``build_dataflow``.
+
+:func:`streamline` is the one entry point the faces share: it runs the default pipeline (as configured) on a model
+in place, verifies it (``off``; ``final``: the result against the original on reference data; ``each``: every pass,
+then the final check) and returns a :class:`finnlite.report.StreamlineReport`. A failed verification does not
+raise here: the report says so (``report.ok``, ``report.error``,
+:meth:`~finnlite.report.StreamlineReport.raise_for_errors`).
+
+:func:`step_streamline` is a FINN build step: ``(qonnx ModelWrapper, DataflowBuildConfig) -> ModelWrapper``. Put it
+in ``cfg.steps`` in place of FINN's ``step_qonnx_to_finn``, ``step_tidy_up`` and ``step_streamline``. From the FINN
+config it reads ``verify_steps`` (verification runs when it lists ``"streamlined_python"``, and by default when
+``verify_steps`` is not set), ``verify_input_npy`` (reference inputs, when the file exists) and ``output_dir``
+(the HTML report goes to ``<output_dir>/report/finnlite_streamline.html``). :func:`make_step_streamline` binds a
+finnlite configuration (YAML file, dict or :class:`~finnlite.config.Config`) to such a step.
+
+Reference data are drawn, unless given, from the range of the model's input quantizer (the first Quant reached from
+a graph input through data-movement ops and scalar Mul/Div/Add/Sub by constants, widened by one quantization step on
+each side and mapped back through those scalar ops), else from the input's integer datatype, else from [-1, 1].
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from finnlite.config import Config, load_config
+from finnlite.errors import ConfigError, VerificationError
+from finnlite.model import Model
+from finnlite.passes import PassManager, RunReport
+from finnlite.validate import validate_model
+from finnlite.report import CheckRow, GraphPicture, StreamlineReport, VerificationResult, pass_timings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["streamline", "step_streamline", "make_step_streamline", "input_ranges", "default_samples",
+           "resolve_config", "STREAMLINED_PYTHON"]
+
+#: FINN's ``VerificationStepType.STREAMLINED_PYTHON``: verify after streamlining
+STREAMLINED_PYTHON = "streamlined_python"
+_DATA_MOVEMENT = ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity")
+
+Progress = Callable[[str], None]
+
+
+def resolve_config(config: Config | str | Path | Mapping[str, Any] | None) -> Config:
+    """A :class:`Config` from a Config, a YAML path, a dict (validated like a file) or None (defaults)."""
+    if config is None:
+        return Config()
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, (str, Path)):
+        return load_config(config)
+    if isinstance(config, Mapping):
+        return Config.from_dict(dict(config), source="<config dict>")
+    raise ConfigError(f"a configuration must be a YAML path, a dict or a finnlite.config.Config, not "
+                      f"{type(config).__name__}")
+
+
+# -- reference data ------------------------------------------------------------------------------------------------
+def default_samples(model: Model) -> int:
+    """How many random reference samples to draw: 8, fewer for large inputs (about 16k input values in all)."""
+    from verify.hook import PROBE_ELEMENTS
+
+    elements = 0
+    for v in model.graph.inputs:
+        shape = model.get_tensor_shape(v.name) or ()
+        elements += int(np.prod([d if d else 1 for d in shape])) if shape else 1
+    return max(1, min(8, PROBE_ELEMENTS // max(elements, 1)))
+
+
+def input_ranges(model: Model) -> dict[str, tuple[float, float, str]]:
+    """For each graph input: the range to draw reference inputs from and where it comes from (module docstring)."""
+    from finnlite.datatypes import is_integer_type
+
+    out: dict[str, tuple[float, float, str]] = {}
+    for v in model.graph.inputs:
+        found = _quantizer_range(model, v.name)
+        if found is not None:
+            out[v.name] = found
+        elif model.has_tensor_datatype(v.name) and is_integer_type(model.get_tensor_datatype(v.name)):
+            dt = model.get_tensor_datatype(v.name)
+            out[v.name] = (float(dt.min()), float(dt.max()), f"datatype {dt.name}")
+        else:
+            out[v.name] = (-1.0, 1.0, "default")
+    return out
+
+
+def _quantizer_range(model: Model, name: str) -> tuple[float, float, str] | None:
+    """The input range that covers the quantizer reached from input ``name`` through data-movement ops and
+    element-wise scalar Mul/Div/Add/Sub by constants (a preprocessing such as ``2·x − 1``), mapped back through
+    those; None if no such quantizer is found."""
+    from custom_ops.quant import max_int, min_int
+    from finnlite.shapes import const_array
+
+    affine: list[tuple[str, float]] = []  # the scalar ops on the way, in order
+    for _ in range(16):
+        consumers = model.find_consumers(name)
+        if len(consumers) != 1:
+            return None
+        node = consumers[0]
+        first = node.inputs[0] if node.inputs else None
+        if first is None or first.name != name:
+            return None
+        if node.op_type in _DATA_MOVEMENT:
+            name = node.outputs[0].name
+            continue
+        if node.op_type in ("Mul", "Div", "Add", "Sub") and len(node.inputs) == 2:
+            c = const_array(node.inputs[1])
+            if c is None or c.size != 1 or (node.op_type in ("Mul", "Div") and float(c.reshape(-1)[0]) == 0):
+                return None
+            affine.append((node.op_type, float(c.reshape(-1)[0])))
+            name = node.outputs[0].name
+            continue
+        if node.op_type == "BipolarQuant":
+            lo, hi, what = -1.0, 1.0, "bipolar input quantizer"
+        elif node.op_type == "Quant" and len(node.inputs) >= 4:
+            scale, zeropt, bits = (const_array(node.inputs[i]) for i in (1, 2, 3))
+            if scale is None or zeropt is None or bits is None or bits.size != 1:
+                return None
+            attrs = {k: a.value for k, a in node.attributes.items()}
+            signed, narrow, b = bool(attrs.get("signed", 1)), bool(attrs.get("narrow", 0)), int(bits.reshape(-1)[0])
+            lo = float(np.min(scale.astype(np.float64) * (min_int(signed, narrow, b) - zeropt - 1)))
+            hi = float(np.max(scale.astype(np.float64) * (max_int(signed, narrow, b) - zeropt + 1)))
+            what = "input quantizer"
+        else:
+            return None
+        for op, c in reversed(affine):  # undo the preprocessing
+            inverse = {"Mul": lambda v: v / c, "Div": lambda v: v * c, "Add": lambda v: v - c,
+                       "Sub": lambda v: v + c}[op]
+            lo, hi = sorted((inverse(lo), inverse(hi)))
+        return lo, hi, f"{what} '{node.name}'" + (f" through {len(affine)} scalar op(s)" if affine else "")
+    return None
+
+
+def make_reference(model: Model, config: Config, *, inputs: str | Path | None = None,
+                   input_range: tuple[float, float] | None = None, samples: int | None = None,
+                   seed: int | None = None) -> tuple[Any, str]:
+    """The reference data for ``model`` and a description of them: the ``inputs`` file (else the config's), or
+    random samples in ``input_range`` (else the config's, else the inferred range, see :func:`input_ranges`)."""
+    from verify import ReferenceData
+
+    vc = config.verification
+    path = inputs if inputs is not None else vc.inputs
+    if path is not None:
+        ref = ReferenceData.load(model, path)
+        return ref, f"{ref.num_samples} samples from {path}"
+    n = samples or vc.samples or default_samples(model)
+    seed = seed if seed is not None else vc.seed
+    fixed = input_range if input_range is not None else vc.input_range
+    ranges = {name: (fixed[0], fixed[1], "given") for name in model.input_names} if fixed is not None \
+        else input_ranges(model)
+    ref = ReferenceData.random(model, n=n, seed=seed, ranges={k: (lo, hi) for k, (lo, hi, _) in ranges.items()})
+    where = "; ".join(f"{k} in [{lo:.4g}, {hi:.4g}] ({src})" for k, (lo, hi, src) in ranges.items())
+    return ref, f"{n} random sample{'s' if n != 1 else ''} (seed {seed}), {where}"
+
+
+# -- the run -------------------------------------------------------------------------------------------------------
+class _Recorder:
+    """A pass-manager hook keeping the pass records and stage times (kept when a check stops the run)."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.report = RunReport()
+        self.progress = progress
+        self._t0 = 0.0
+
+    def before_stage(self, stage: Any, model: Model) -> None:
+        self._t0 = time.perf_counter()
+        if self.progress is not None:
+            self.progress(f"[{stage.name}] {len(model)} nodes ...")
+
+    def after_pass(self, p: Any, model: Model, stage: Any, record: Any) -> None:
+        self.report.records.append(record)
+
+    def after_stage(self, stage: Any, model: Model) -> None:
+        dt = time.perf_counter() - self._t0
+        self.report.stage_seconds[stage.name] = self.report.stage_seconds.get(stage.name, 0.0) + dt
+        if self.progress is not None:
+            self.progress(f"[{stage.name}] done in {dt:.2f} s, {len(model)} nodes")
+
+
+def _safe(what: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``, or None with a warning: the parts of a report that are a bonus must not stop a run."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - cost and pictures are extras; the run and its verification stand
+        log.warning("could not compute the %s: %s", what, exc)
+        return None
+
+
+def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | None = None, *,
+               verify: str | None = None, inputs: str | Path | None = None,
+               input_range: tuple[float, float] | None = None, samples: int | None = None, seed: int | None = None,
+               stages: Sequence[str] | None = None, progress: Progress | None = None,
+               extras: bool = True) -> StreamlineReport:
+    """Run the configured pipeline on ``model`` (a :class:`finnlite.Model`, edited in place; anything else is
+    loaded) with verification, and return the report (module docstring). Keyword arguments override the config:
+    ``verify`` (``off``, ``final`` — the default — or ``each``), ``inputs`` (a .npy/.npz file), ``input_range``,
+    ``samples``, ``seed``, ``stages`` (names). ``progress`` receives one line per stage and per long step;
+    ``extras=False`` skips the graph pictures and the inference cost."""
+    from verify import PassVerificationError, VerificationHook, final_check, float_report
+
+    from finnlite.config import VERIFY_MODES
+    from finnlite.cost import datatype_histogram, inference_cost
+
+    cfg = resolve_config(config)
+    mode = verify or cfg.verification.mode or "final"
+    if mode not in VERIFY_MODES:
+        raise ConfigError(f"verification mode must be one of {', '.join(VERIFY_MODES)}, not '{mode}'")
+    m = model if isinstance(model, Model) else Model(model)
+    validate_model(m)  # a malformed graph or a bad quantizer parameter: one error naming the node, before any run
+    source = m.path
+    stage_list = cfg.build_stages(list(stages) if stages is not None else None)
+    seconds: dict[str, float] = {}
+
+    ops_before = m.op_histogram()
+    picture_before = _safe("graph picture", lambda: GraphPicture.of(m)) if extras else None
+    cost_before = _safe("inference cost", lambda: inference_cost(m)) if extras else None
+
+    result = VerificationResult(mode)
+    reference = None
+    if mode != "off":
+        t0 = time.perf_counter()
+        reference, result.reference = make_reference(m, cfg, inputs=inputs, input_range=input_range,
+                                                     samples=samples, seed=seed)
+        result.samples = reference.num_samples
+        seconds["reference"] = time.perf_counter() - t0
+        if progress is not None:
+            progress(f"reference data: {result.reference}")
+
+    recorder = _Recorder(progress)
+    hook = VerificationHook(reference, **cfg.verification.hook_options()) if mode == "each" else None
+    error: VerificationError | None = None
+    run_report: RunReport = recorder.report
+    t0 = time.perf_counter()
+    try:
+        run_report = PassManager(stage_list, [recorder] + ([hook] if hook is not None else [])).run(m)
+    except PassVerificationError as err:
+        error = err
+        result.failure = {"during": "pipeline", "pass": err.pass_name, "stage": err.stage, "iteration": err.iteration,
+                          "node": err.node, "tensor": err.tensor, "max_error": err.max_error, "sample": err.sample,
+                          "before_path": err.before_path, "after_path": err.after_path, "message": str(err)}
+    seconds["pipeline"] = time.perf_counter() - t0
+    if hook is not None:
+        result.checks = [CheckRow(r.label.split("'")[1] if "'" in r.label else r.label, r.stage, r.iteration,
+                                  r.policy, r.changed_nodes, r.region_nodes, len(r.near_ties), r.seconds)
+                         for r in hook.records]
+        result.seconds += hook.seconds
+        if error is not None:
+            f = result.failure or {}
+            result.checks.append(CheckRow(f.get("pass") or "?", f.get("stage"), f.get("iteration"), "", None, None,
+                                          0, 0.0, ok=False, message=str(error)))
+    if error is None and reference is not None:
+        if progress is not None:
+            progress(f"final check against the original on {reference.num_samples} samples ...")
+        t0 = time.perf_counter()
+        result.final = final_check(reference, m, float_rtol=cfg.verification.float_rtol)
+        dt = time.perf_counter() - t0
+        result.seconds += dt
+        seconds["final check"] = dt
+        try:
+            result.final.raise_for_errors()
+        except VerificationError as err:
+            error = err
+            result.failure = {"during": "final", "pass": None, "stage": None, "tensor": err.tensor,
+                              "message": str(err)}
+    report = StreamlineReport(
+        source=source, stages=[s.name for s in stage_list], ops_before=ops_before, ops_after=m.op_histogram(),
+        passes=pass_timings(run_report.records), stage_seconds=dict(run_report.stage_seconds),
+        verification=result, seconds=seconds, datatypes=datatype_histogram(m),
+        float_nodes=float_report(m, run_report), cost_before=cost_before,
+        cost_after=_safe("inference cost", lambda: inference_cost(m)) if extras else None,
+        picture_before=picture_before,
+        picture_after=_safe("graph picture", lambda: GraphPicture.of(m)) if extras else None,
+        model=m, error=error)
+    return report
+
+
+# -- FINN build step -----------------------------------------------------------------------------------------------
+def _finn_verify_mode(cfg: Any) -> str | None:
+    """The verification mode FINN's config asks for: None when ``verify_steps`` is not set (finnlite's default
+    applies), ``final`` when it lists ``streamlined_python``, ``off`` otherwise."""
+    steps = getattr(cfg, "verify_steps", None)
+    if steps is None:
+        return None
+    names = {getattr(s, "value", s) for s in steps}
+    return "final" if STREAMLINED_PYTHON in names else "off"
+
+
+def _run_step(model: Any, cfg: Any, config: Config | str | Path | Mapping[str, Any] | None) -> Any:
+    conf = resolve_config(config)
+    mode = conf.verification.mode or _finn_verify_mode(cfg) or "final"
+    inputs = None
+    npy = getattr(cfg, "verify_input_npy", None)
+    if mode != "off" and conf.verification.inputs is None and npy and Path(npy).is_file():
+        inputs = npy
+    m = Model(model)
+    report = streamline(m, conf, verify=mode, inputs=inputs,
+                        progress=lambda line: log.info("finnlite: %s", line))
+    out_dir = getattr(cfg, "output_dir", None)
+    if out_dir:
+        path = Path(out_dir) / "report" / "finnlite_streamline.html"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        report.save_html(path)
+        log.info("finnlite: report written to %s", path)
+    report.raise_for_errors()
+    return m.to_qonnx()
+
+
+def step_streamline(model: Any, cfg: Any) -> Any:
+    """FINN build step: streamline a QONNX ``ModelWrapper`` and return the FINN-ONNX ``ModelWrapper`` (module
+    docstring). Raises :class:`~finnlite.errors.VerificationError` when verification fails."""
+    return _run_step(model, cfg, None)
+
+
+def make_step_streamline(config: Config | str | Path | Mapping[str, Any] | None) -> Callable[[Any, Any], Any]:
+    """A build step like :func:`step_streamline` using a finnlite configuration (its verification mode and
+    inputs, when set, take precedence over FINN's). The config is validated now."""
+    conf = resolve_config(config)
+
+    def step_streamline(model: Any, cfg: Any) -> Any:  # FINN names steps by __name__
+        return _run_step(model, cfg, conf)
+
+    step_streamline.__doc__ = f"finnlite streamlining with configuration {conf.source or 'defaults'}"
+    return step_streamline
