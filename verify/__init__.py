@@ -17,20 +17,21 @@ from verify.bisect import BisectResult, bisect_pipeline
 from verify.compare import TensorDiff, compare_tensor, quant_step
 from verify.final import FinalCheck, OutputCheck, TieSite, final_check, integer_tail
 from verify.float_report import FloatNode, FloatReport, float_report
-from verify.hook import CheckRecord, PassVerificationError, VerificationHook, Verifier
+from verify.hook import CheckRecord, PassVerificationError, VerificationHook
 from verify.policies import (DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, equality, metric, resolve_policy,
                              tolerance)
 from verify.reference import ReferenceData, ReferenceDataError
 from verify.run import Overhead, VerifiedRun, measure_overhead, verified_run
 from verify.structure import Issue, StructureReport, check_datatypes, check_structure
 from verify.ties import Margin, NearTie
+from verify.verifier import CheckOutcome, Verifier
 
 __all__ = [
     "Policy", "Equality", "Tolerance", "Metric", "equality", "tolerance", "metric", "DEFAULT_POLICY", "resolve_policy",
     "ReferenceData", "ReferenceDataError",
     "TensorDiff", "compare_tensor", "quant_step",
     "NearTie", "Margin",
-    "VerificationHook", "Verifier", "PassVerificationError", "CheckRecord",
+    "VerificationHook", "Verifier", "CheckOutcome", "PassVerificationError", "CheckRecord",
     "FinalCheck", "OutputCheck", "TieSite", "final_check", "integer_tail",
     "BisectResult", "bisect_pipeline",
     "Issue", "StructureReport", "check_structure", "check_datatypes",

@@ -28,7 +28,8 @@ import onnx_ir as ir
 from finnlite.errors import FinnliteError
 from finnlite.model import Model, as_model
 from finnlite.passes import Pass, PassManager, Rule, Stage
-from verify.hook import CheckOutcome, PassVerificationError, VerificationHook
+from verify.hook import PassVerificationError, VerificationHook
+from verify.verifier import CheckOutcome
 from verify.policies import DEFAULT_POLICY, Policy, resolve_policy
 from verify.reference import ReferenceData
 from verify.region import node_label

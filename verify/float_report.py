@@ -3,8 +3,10 @@
 A tensor is *float* when it is not a constant and carries no integer datatype annotation; a node is a *float node*
 when it produces a float tensor, except for
 
-* the *input head*: data-movement ops (Reshape, Transpose, ...) between a float graph input and the first
-  quantizer, which do no arithmetic;
+* the *input layer*: between a float graph input and the first quantizer, data-movement ops (Reshape, Transpose,
+  Im2Col, ...) and the linear layer that reads the input (MatMul, Conv, Gemm, pooling) — a model whose input is
+  float computes its first layer in float; these are listed separately (element-wise Mul/Add there are not: they
+  belong in the first MultiThreshold);
 * the *output dequantization*: the constant Mul/Div/Add/Sub and shape ops between the last integer tensor and a
   graph output (see :func:`verify.final.integer_tail`), listed separately;
 * nodes that only read constants (the structural check reports those).
@@ -30,7 +32,11 @@ __all__ = ["FloatNode", "FloatReport", "float_report"]
 
 #: ops that move data without arithmetic (allowed on the float input before the first quantizer)
 DATA_MOVEMENT = ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Slice", "Gather",
-                 "Concat", "Split", "Expand")
+                 "Concat", "Split", "Expand", "Pad", "Im2Col")
+#: pooling, allowed on the float input and on the input layer's output
+_POOLS = ("MaxPool", "MaxPoolNHWC", "AveragePool", "GlobalAveragePool")
+#: the linear layer that may read a float input (the input layer)
+INPUT_LAYER = ("MatMul", "Conv", "Gemm") + _POOLS
 
 
 @dataclass
@@ -69,6 +75,7 @@ class FloatReport:
 
     nodes: list[FloatNode] = field(default_factory=list)
     dequantization: list[str] = field(default_factory=list)
+    input_layer: list[str] = field(default_factory=list)
 
     @property
     def integer_only(self) -> bool:
@@ -80,13 +87,15 @@ class FloatReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"integer_only": self.integer_only, "float_nodes": [n.to_dict() for n in self.nodes],
-                "dequantization": list(self.dequantization)}
+                "input_layer": list(self.input_layer), "dequantization": list(self.dequantization)}
 
     def text(self) -> str:
         if not self.nodes:
             lines = ["integer-only: no float node is left"]
         else:
             lines = [f"{len(self.nodes)} float node(s) left:"] + [f"  {n.text()}" for n in self.nodes]
+        if self.input_layer:
+            lines.append("input layer on the float input (allowed): " + ", ".join(self.input_layer))
         if self.dequantization:
             lines.append("output dequantization (float, allowed): " + ", ".join(self.dequantization))
         return "\n".join(lines)
@@ -131,7 +140,8 @@ def float_report(model: Any, misses: Iterable[Miss] | Any = ()) -> FloatReport:
                 if id(n) not in tail_nodes:
                     tail_nodes.add(id(n))
                     dequant.append(f"{n.op_type} '{node_label(n)}'")
-    head: set[str] = set(inputs)
+    head: set[str] = {name for name in inputs if is_float(name)}  # the float input, moved around
+    layer: set[str] = set()  # the output of the input layer, moved around
     by_node: dict[str, list[Miss]] = {}
     for miss in misses:
         by_node.setdefault(miss.node, []).append(miss)
@@ -140,8 +150,14 @@ def float_report(model: Any, misses: Iterable[Miss] | Any = ()) -> FloatReport:
         data_in = [v.name for v in node.inputs if v is not None and v.name not in const]
         if not data_in or id(node) in tail_nodes:
             continue
-        if node.op_type in DATA_MOVEMENT and all(n in head for n in data_in):
-            head.update(o.name for o in node.outputs)
+        if all(n in head or n in layer for n in data_in) and (
+                node.op_type in DATA_MOVEMENT + _POOLS or (node.op_type in INPUT_LAYER and all(n in head
+                                                                                             for n in data_in))):
+            # data movement and pooling keep the input (or the first layer's output); one linear layer may read it
+            into = head if node.op_type not in INPUT_LAYER and all(n in head for n in data_in) else layer
+            into.update(o.name for o in node.outputs if is_float(o.name))
+            if node.op_type in INPUT_LAYER:
+                report.input_layer.append(f"{node.op_type} '{node_label(node)}'")
             continue
         float_out = [o.name for o in node.outputs if o.name and is_float(o.name)]
         if not float_out:

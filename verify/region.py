@@ -6,8 +6,10 @@ signature the old version lacks is *changed*; the changed nodes form the *region
 computed before, on the same inputs, so only the region needs re-running: on the tensors it reads (cached values of
 the old version) it must reproduce the tensors it hands to the unchanged rest of the graph (its *boundary*).
 
-:func:`find_change` computes the region, its inputs and its boundary; :func:`run_region` builds a small model of
-just those nodes and runs it with the oracle on each cached sample.
+:func:`find_change` computes the region, its inputs and its boundary (and the structural problems a pass left);
+:func:`run_nodes` builds a small model of some nodes and runs it with the oracle on each cached sample, optionally
+feeding cached values in place of computed ones (teacher forcing); :func:`descendants`, :func:`ancestors` and
+:func:`hull` grow a region; :class:`Snapshot` and :class:`Fingerprints` keep what the comparison needs.
 """
 
 from __future__ import annotations
@@ -161,10 +163,6 @@ class Snapshot:
         array in place): the snapshot shows the edited values for them."""
         return [name for name, (t, fp) in self.writable.items() if fps.of(t) != fp]
 
-    def producer_of(self, name: str) -> ir.Node | None:
-        """The node of this version producing ``name``."""
-        return self.model.find_producer(name)
-
 
 @dataclass
 class Change:
@@ -181,10 +179,6 @@ class Change:
     problems: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     #: the node signatures of the new version (to snapshot it without hashing again)
     signatures: Counter = field(default_factory=Counter)
-
-    @property
-    def empty(self) -> bool:
-        return not self.nodes and not self.problems
 
 
 def topo_order(nodes: Sequence[ir.Node]) -> list[ir.Node]:
@@ -351,11 +345,12 @@ def _standard_readers_only(value: ir.Value, nodes: Sequence[ir.Node]) -> bool:
 
 
 def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[str, np.ndarray]],
-              forced: set[str], constants: set[str]) -> list[dict[str, np.ndarray]]:
+              forced: set[str], constants: set[str], dtype: Any = np.float32) -> list[dict[str, np.ndarray]]:
     """Run ``nodes`` of ``after`` on each cached sample: the tensors they read but do not produce, and the
     ``forced`` tensors (teacher forcing: the nodes reading them get the cached value instead of the computed one),
     come from the sample's values; initializers and other ``constants`` become initializers. Returns, per sample,
-    every tensor the run computed (for a forced tensor, the computed value) and the ones it read."""
+    every tensor the run computed (for a forced tensor, the computed value) and the ones it read. ``dtype``: the
+    executor's float type (float64 runs every float tensor in double precision)."""
     from custom_ops.executor import Executor
 
     if not nodes:
@@ -391,7 +386,7 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
             feeds0[name] = samples[0][name]
     feeds0.update(big)
     model = _model_of(protos, feeds0, const_values, after.graph.opset_imports)
-    ex = Executor(model)
+    ex = Executor(model, dtype=dtype)
     results = []
     for values in samples:
         out = ex.run({name: big[name] if name in big else values[name] for name in feeds0}, return_all=True)

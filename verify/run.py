@@ -64,16 +64,18 @@ class Overhead:
                 f"({self.ratio:.2f}x; {self.checks} checks, {self.setup_seconds:.2f} s of it reference setup)")
 
 
-def measure_overhead(model: Any, stages: Any, reference: ReferenceData, *, samples: int = 4) -> Overhead:
-    """Run the pipeline on two copies of ``model``: once plain, once with a per-pass verification hook; ``stages``
-    is a list of stages or a function returning a fresh one (passes may keep state)."""
+def measure_overhead(model: Any, stages: Any, reference: ReferenceData, *, samples: int | None = None,
+                     granularity: str = "pass") -> Overhead:
+    """Run the pipeline on two copies of ``model``: once plain, once with a verification hook (``samples`` and
+    ``granularity`` as for :class:`~verify.hook.VerificationHook`); ``stages`` is a list of stages or a function
+    returning a fresh one (passes may keep state)."""
     make = stages if callable(stages) else (lambda: stages)
     plain = Model(model.to_proto() if isinstance(model, Model) else model, check=False)
     t0 = time.perf_counter()
     PassManager(make(), []).run(plain)
     t_plain = time.perf_counter() - t0
     verified = Model(model.to_proto() if isinstance(model, Model) else model, check=False)
-    hook = VerificationHook(reference, samples=samples)
+    hook = VerificationHook(reference, samples=samples, granularity=granularity)
     t0 = time.perf_counter()
     PassManager(make(), [hook]).run(verified)
     t_verified = time.perf_counter() - t0

@@ -192,3 +192,68 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
         else:
             ties.append(NearTie(tensor, sample, index, float(e[k]), float(a[k]), "", None, "float64"))
     return ties, diff_indices[:0]
+
+
+def near_elements(node: Any, values: Callable[[str], np.ndarray | None], rtol: float, limit: int = 4
+                  ) -> list[tuple[tuple[int, ...], Margin]]:
+    """Up to ``limit`` output elements of quantizer ``node`` whose input lies within relative ``rtol`` of a
+    decision boundary (in a comparison that is not between integers), nearest first (vectorized over the whole
+    tensor; MultiThreshold, Quant/IntQuant with a rounding mode and BipolarQuant)."""
+    if node.op_type not in QUANTIZER_OPS or not node.inputs or node.inputs[0] is None:
+        return []
+    x = values(node.inputs[0].name)
+    if x is None or np.asarray(x).size == 0:
+        return []
+    x = np.asarray(x, dtype=np.float64)
+    if node.op_type == "MultiThreshold":
+        t = values(node.inputs[1].name) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        if t is None or np.ndim(t) != 2 or np.shape(t)[1] == 0:
+            return []
+        layout = node.attributes.get("data_layout")
+        axis = channel_axis_of(layout.value if layout is not None else "", x.ndim)
+        xc = np.moveaxis(x, axis, -1)[..., None]
+        t = np.asarray(t, np.float64)
+        dist = np.abs(xc - (t if t.shape[0] == xc.shape[-2] else t[:1]))
+        k = np.argmin(dist, axis=-1)
+        bound = np.take_along_axis(np.broadcast_to(t if t.shape[0] == xc.shape[-2] else t[:1], dist.shape),
+                                   k[..., None], axis=-1)[..., 0]
+        bound = np.moveaxis(bound, -1, axis)
+        scale = np.maximum(np.abs(x), np.abs(bound))
+        integral = (x == np.round(x)) & (bound == np.round(bound))
+    elif node.op_type == "BipolarQuant":
+        bound = np.zeros_like(x)
+        scale = np.full_like(x, float(np.max(np.abs(x))))
+        integral = x == np.round(x)
+    else:
+        return [(index, m) for index, m in _quant_candidates(node, values, x, rtol, limit)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(scale > 0, np.abs(x - bound) / scale, 0.0)
+    rel = np.where(integral, np.inf, rel)
+    flat = np.flatnonzero(rel.reshape(-1) <= rtol)
+    flat = flat[np.argsort(rel.reshape(-1)[flat])][:limit]
+    out = []
+    for f in flat.tolist():
+        index = tuple(int(i) for i in np.unravel_index(f, x.shape))
+        out.append((index, Margin(float(x[index]), float(bound[index]), float(rel[index]), False)))
+    return out
+
+
+def _quant_candidates(node: Any, values: Callable[[str], np.ndarray | None], x: np.ndarray, rtol: float,
+                      limit: int) -> list[tuple[tuple[int, ...], Margin]]:
+    if len(node.inputs) < 4 or any(v is None for v in node.inputs[1:4]):
+        return []
+    s, z = values(node.inputs[1].name), values(node.inputs[2].name)
+    if s is None or z is None:
+        return []
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = x / np.asarray(s, np.float64) + np.asarray(z, np.float64)
+        rel = np.abs(u - (np.floor(u) + 0.5)) / np.maximum(np.abs(u), 1.0)
+    flat = np.flatnonzero(np.nan_to_num(rel, nan=np.inf).reshape(-1) <= rtol)
+    flat = flat[np.argsort(rel.reshape(-1)[flat])][:limit]
+    out = []
+    for f in flat.tolist():
+        index = tuple(int(i) for i in np.unravel_index(f, np.shape(u)))
+        m = margin_at(node, values, index)
+        if m is not None and m.is_near(rtol):
+            out.append((index, m))
+    return out

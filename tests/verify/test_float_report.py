@@ -10,7 +10,7 @@ from verify import ReferenceData, VerificationHook, float_report
 
 
 def _network(unsupported: bool):
-    """x → MT(UINT4) → MatMul(int W) → Mul(s1) → [Sin] → MT(UINT4) → MatMul(int W) → Mul(s2) → Add(b) → out."""
+    """x → MT(UINT4) → MatMul(int W) → Mul(s1) → [Sin] → MT(UINT4) → MatMul(int W) → Mul(s2) → Add(b) → y."""
     rng = np.random.default_rng(0)
     g = GraphBuilder()
     g.input("x", [1, 8])
@@ -107,3 +107,29 @@ def test_progress_attribute_decides_the_closest_rule() -> None:
     far.progress, near.progress = 0, 2
     (mul, _) = float_report(model, [near, far]).nodes
     assert mul.closest.rule == "Near"
+
+
+def _float_input_net(scale_before_threshold: bool):
+    """x (float) → Transpose → MatMul(int W) → [Mul] → MultiThreshold → MatMul(int W) → out."""
+    rng = np.random.default_rng(1)
+    g = GraphBuilder()
+    g.input("x", [8, 1])
+    g.node("Transpose", ["x"], ["xt"], "tr", perm=[1, 0])
+    g.init("W0", rng.integers(-3, 4, (8, 8)).astype(np.float32))
+    g.init("W1", rng.integers(-3, 4, (8, 4)).astype(np.float32))
+    src = g.node("MatMul", ["xt", "W0"], ["acc"], "first_mm")
+    if scale_before_threshold:
+        g.init("s", np.float32(0.5))
+        src = g.node("Mul", [src, "s"], ["scaled"], "first_scale")
+    g.multithreshold(src, "a", "mt0", np.linspace(-1, 1, 3, dtype=np.float32)[None, :], "UINT2")
+    g.node("MatMul", ["a", "W1"], ["out"], "mm1", datatype="INT32")
+    g.output("out", [1, 4])
+    return g.model()
+
+
+def test_the_input_layer_on_a_float_input_is_allowed() -> None:
+    report = float_report(_float_input_net(False))
+    assert report.integer_only and report.input_layer == ["MatMul 'first_mm'"]
+    assert "input layer on the float input (allowed): MatMul 'first_mm'" in report.text()
+    report = float_report(_float_input_net(True))  # a Mul there belongs in the thresholds
+    assert report.names() == ["first_scale"]

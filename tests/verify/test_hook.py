@@ -368,14 +368,16 @@ def test_metric_policy_accepts_and_rejects() -> None:
         PassManager([Stage("s", [NegateWeights])], [hook]).run(model)
 
 
-def test_stage_granularity_names_the_stage() -> None:
+def test_stage_granularity_checks_once_and_replays_to_name_the_pass() -> None:
     from tests.verify.test_wrong_rewrites import AddSelf
 
     model = add_relu()
     hook = VerificationHook(ReferenceData.random(model, n=2), granularity="stage")
-    with pytest.raises(PassVerificationError, match=r"stage 'mixed' broke equivalence") as info:
-        PassManager([Stage("mixed", [CommuteAdd, RenameNodes, AddSelf])], [hook]).run(model)
-    assert info.value.pass_name == "mixed"
+    PassManager([Stage("good", [CommuteAdd, RenameNodes, CommuteAdd])], [hook]).run(model)
+    assert [r.label for r in hook.records] == ["stage 'good'"]  # one check for three passes
+    with pytest.raises(PassVerificationError, match=r"pass 'AddSelf' \(stage 'mixed'\) broke equivalence") as info:
+        PassManager([Stage("mixed", [CommuteAdd, RenameNodes, AddSelf, CommuteAdd])], [hook]).run(model)
+    assert (info.value.pass_name, info.value.stage, info.value.node) == ("AddSelf", "mixed", "renamed_Add_0")
 
 
 def test_granularity_off_checks_nothing() -> None:

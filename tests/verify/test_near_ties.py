@@ -30,7 +30,7 @@ def quant_model() -> Model:
 
 
 def exact_thresholds(scale: np.float32, bits: int) -> np.ndarray:
-    """For each level m, the least float32 x with x/s ≥ m − ½ in real arithmetic (> at an odd tie: half to even)."""
+    """For each level m, the least float32 x with x/s ≥ m − ½ in real numbers (> at an odd tie: half to even)."""
     s = Fraction(float(scale))
     out = []
     for m in range(1, 2**bits):
@@ -164,14 +164,22 @@ def test_final_check_counts_the_near_tie_and_explains_it() -> None:
     result.raise_for_errors()
 
 
-def test_final_check_flags_float32_semantics_against_float64() -> None:
-    """A model reproducing float32 execution bit for bit disagrees with float64 at the tie: always an error."""
+def test_final_check_tells_float_layer_near_ties_from_errors() -> None:
+    """A model reproducing float32 execution bit for bit differs from float64 at the tie: its quantizer reads the
+    float input, so that is a near-tie of its own float layer (the input sits on a threshold). A threshold one step
+    off is an error."""
     model = quant_model()
     ref = reference(model)
     PassManager([Stage("convert", [Float32Thresholds])], [VerificationHook(ref)]).run(model)
     result = final_check(ref, model)
-    assert not result.ok and result.outputs[0].error_samples == [0]
-    with pytest.raises(Exception, match="differs from float64 execution of the original on 1 of 4 samples"):
+    assert result.ok and result.float_layer_tie_samples == [0], result.summary()
+    assert result.float_layer_sites[0].index == (0, 5)
+    wrong = quant_model()
+    with pytest.raises(PassVerificationError):  # per-pass verification catches it first ...
+        PassManager([Stage("convert", [ThresholdOffByOneStep])], [VerificationHook(ref)]).run(wrong)
+    result = final_check(ref, wrong)  # ... and the final check on its own, too
+    assert not result.ok and result.float_layer_tie_samples == []
+    with pytest.raises(Exception, match="differs from float64 execution of the original on [1-4] of 4 samples"):
         result.raise_for_errors()
 
 
@@ -206,3 +214,34 @@ def test_a_near_tie_does_not_spread_inside_a_region() -> None:
     assert [(t.tensor, t.index) for t in hook.near_ties] == [("q0out", (0, 5))]
     result = final_check(reference(quant_matmul_model()), model)
     assert result.ok and result.near_tie_samples == [0], result.summary()
+
+
+def rounded_thresholds(scale: np.float32, bits: int) -> np.ndarray:
+    """Each threshold (m − ½)·s rounded to the nearest float32 (what a float-input layer has to store)."""
+    s = Fraction(float(scale))
+    return np.array([np.float32(float((m - Fraction(1, 2)) * s)) for m in range(1, 2**bits)], np.float32)[None, :]
+
+
+def test_final_check_explains_a_near_tie_of_a_float_input_layer() -> None:
+    """A quantizer of a float input keeps float32 thresholds: at an input equal to a threshold that was rounded
+    down, the streamlined model (in float32 and in float64) says level m where real arithmetic says m − 1. The final
+    check reports it as a near-tie of the model's own float layer, with its margin, not as an error."""
+    t = rounded_thresholds(SCALE, BITS)
+    s = Fraction(float(SCALE))
+    m = next(k for k in range(1, 2**BITS) if Fraction(float(t[0, k - 1])) < (k - Fraction(1, 2)) * s)
+    original = quant_model()
+    x = np.random.default_rng(5).uniform(0, 1.5, size=(2, WIDTH)).astype(np.float32)
+    x[1, 3] = t[0, m - 1]
+    ref = ReferenceData(original, x)
+    g = GraphBuilder()
+    g.input("x", [1, WIDTH])
+    g.multithreshold("x", "level", "mt0", t, "UINT4")
+    g.init("s", SCALE)
+    g.node("Mul", ["level", "s"], ["out"], "dequant")
+    g.output("out", [1, WIDTH])
+    result = final_check(ref, g.model())
+    assert result.ok, result.summary()
+    assert result.float_layer_tie_samples == [1] and result.outputs[0].error_samples == []
+    (site,) = result.float_layer_sites
+    assert (site.node, site.index) == ("mt0", (0, 3)) and site.margin64.relative < 1e-6
+    assert "near-tie of the streamlined model's float layer" in result.summary()
