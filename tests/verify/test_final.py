@@ -72,3 +72,19 @@ def test_verified_run_and_overhead() -> None:
     overhead = measure_overhead(fresh, lambda: [Stage("s", [FoldBatchNorm])], ReferenceData.random(fresh, n=4))
     assert overhead.checks == 1 and overhead.plain_seconds > 0 and "per-pass verification" in overhead.text()
     assert len(fresh) == 1 and const(fresh, fresh.get_node_from_name("bn0").inputs[1]) is not None  # untouched
+
+
+@pytest.mark.parametrize("perturb", [False, True])
+def test_float64_on_mismatch_only_gives_the_same_verdict(perturb: bool) -> None:
+    """float64="mismatch" (the CLI's mode) runs float64 only where float32 disagrees, with the same verdict."""
+    model = matmul_bias_relu()
+    ref = ReferenceData.random(model, n=4)
+    if perturb:
+        w = model.get_initializer("W").copy()
+        w[0, 0] += 0.5
+        model.set_initializer("W", w)
+    full, fast = final_check(ref, model), final_check(ref, model, float64="mismatch")
+    assert full.ok == fast.ok == (not perturb)
+    assert full.outputs[0].error_samples == fast.outputs[0].error_samples
+    with pytest.raises(ValueError, match="float64 must be"):
+        final_check(ref, model, float64="sometimes")
