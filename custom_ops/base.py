@@ -56,6 +56,13 @@ class CustomOp:
     def validate_inputs(self, inputs: Sequence[np.ndarray | None]) -> None:
         """Check (constant) input values such as scales and bitwidths; ``None`` for a value not known."""
 
+    def validate_strict(self, inputs: Sequence[np.ndarray | None]) -> None:
+        """The checks of :meth:`validate_inputs` plus those for a node of a model given as input: what the kernel
+        computes all the same but a well-formed QONNX/FINN model never holds (a zero-point outside the integer
+        range, unsorted thresholds). Run by the pre-flight validation (:mod:`finnlite.validate`), not by the
+        executor."""
+        self.validate_inputs(inputs)
+
     def execute(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The reference numpy kernel: the op's outputs for ``inputs``."""
         raise OpError(f"{self.op_type} has no kernel", node=self.name)

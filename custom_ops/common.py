@@ -79,8 +79,13 @@ def check_finite(op: "CustomOp", value: np.ndarray | None, what: str) -> None:
         raise op.fail(f"{what} must be finite, got {_preview(np.asarray(value))}")
 
 
+#: the widest bitwidth a quantizer may have (its integer bounds must fit a float64 with room to spare)
+MAX_BITWIDTH = 64
+
+
 def scalar_bitwidth(op: "CustomOp", value: np.ndarray | None, what: str) -> int | None:
-    """A bitwidth input: one element, an integer >= 1. Returns it as an int (None if unknown)."""
+    """A bitwidth input: one element, an integer in ``[1, MAX_BITWIDTH]``. Returns it as an int (None if
+    unknown)."""
     if value is None:
         return None
     arr = np.asarray(value)
@@ -91,6 +96,8 @@ def scalar_bitwidth(op: "CustomOp", value: np.ndarray | None, what: str) -> int 
         raise op.fail(f"{what} must be an integer, got {bits!r}")
     if bits < 1:
         raise op.fail(f"{what} must be at least 1, got {int(bits)}")
+    if bits > MAX_BITWIDTH:
+        raise op.fail(f"{what} must be at most {MAX_BITWIDTH}, got {int(bits)}")
     return int(bits)
 
 
@@ -153,6 +160,6 @@ def _preview(arr: np.ndarray, limit: int = 6) -> str:
     return f"[{text}{', ...' if flat.size > limit else ''}]" if arr.ndim else text
 
 
-__all__ = ["Shape", "flag_attr", "int_attr", "ints_attr", "float_attr", "check_scale", "check_finite",
+__all__ = ["Shape", "MAX_BITWIDTH", "flag_attr", "int_attr", "ints_attr", "float_attr", "check_scale", "check_finite",
            "scalar_bitwidth", "check_broadcast", "shape_of", "float_output", "known_int", "parse_shape_string",
            "sliding_windows"]

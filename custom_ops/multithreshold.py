@@ -118,6 +118,23 @@ class MultiThreshold(CustomOp):
         self.check_num_inputs(len(inputs))
         self._check_shapes(shape_of(inputs[0]), shape_of(inputs[1]))
 
+    def validate_strict(self, inputs: Sequence[np.ndarray | None]) -> None:
+        """Also: constant thresholds hold no NaN and every row is sorted (non-decreasing), as FINN requires."""
+        self.validate_inputs(inputs)
+        thresholds = inputs[1]
+        if thresholds is None:
+            return
+        t = np.asarray(thresholds, dtype=np.float64)
+        if np.isnan(t).any():
+            row = int(np.argwhere(np.isnan(t))[0][0])
+            raise self.fail(f"thresholds hold NaN (row {row})")
+        if t.ndim == 2 and t.shape[1] > 1:
+            down = np.diff(t, axis=1) < 0
+            if down.any():
+                row, k = (int(i) for i in np.argwhere(down)[0])
+                raise self.fail(f"thresholds are not sorted in row {row} (step {k + 1}: {t[row, k + 1]:g} < "
+                                f"{t[row, k]:g})")
+
     def execute(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         self.validate_inputs(inputs)
         x, thresholds = (np.asarray(v) for v in inputs)

@@ -30,8 +30,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from custom_ops.base import CustomOp
-from custom_ops.common import (Shape, check_broadcast, check_finite, check_scale, flag_attr, float_output,
-                               scalar_bitwidth, shape_of)
+from custom_ops.common import (MAX_BITWIDTH, Shape, check_broadcast, check_finite, check_scale, flag_attr,
+                               float_output, scalar_bitwidth, shape_of)
 from custom_ops.registry import register, register_alias
 from finnlite.datatypes import BaseDataType, DataType, int_type
 
@@ -101,8 +101,8 @@ def _as_bitwidth(bitwidth: int | np.ndarray) -> int:
     if arr.size != 1:
         raise ValueError(f"bitwidth must be a single value, got shape {arr.shape}")
     bits = arr.reshape(()).item()
-    if not np.isfinite(bits) or bits != int(bits) or bits < 1:
-        raise ValueError(f"bitwidth must be an integer >= 1, got {bits!r}")
+    if not np.isfinite(bits) or bits != int(bits) or not 1 <= bits <= MAX_BITWIDTH:
+        raise ValueError(f"bitwidth must be an integer from 1 to {MAX_BITWIDTH}, got {bits!r}")
     return int(bits)
 
 
@@ -174,6 +174,23 @@ class Quant(CustomOp):
         check_broadcast(self, x_shape, shape_of(scale), "scale")
         check_broadcast(self, x_shape, shape_of(zeropoint), "zero-point")
         check_broadcast(self, x_shape, shape_of(bitwidth), "bitwidth")
+
+    def validate_strict(self, inputs: Sequence[np.ndarray | None]) -> None:
+        """Also: a constant zero-point lies in the integer range ``[qmin, qmax]`` (else the real value 0 is not
+        representable and no exporter writes it)."""
+        self.validate_inputs(inputs)
+        zeropoint, bitwidth = inputs[2], inputs[3]
+        if zeropoint is None or bitwidth is None:
+            return
+        bits = scalar_bitwidth(self, bitwidth, "bitwidth")
+        assert bits is not None
+        lo, hi = min_int(self.signed, self.narrow, bits), max_int(self.signed, self.narrow, bits)
+        z = np.asarray(zeropoint, dtype=np.float64)
+        outside = (z < lo) | (z > hi)
+        if np.any(outside):
+            first = float(z.reshape(-1)[int(np.argmax(outside.reshape(-1)))])
+            kind = f"{'signed' if self.signed else 'unsigned'}{' narrow' if self.narrow else ''} {bits}-bit"
+            raise self.fail(f"zero-point {first:g} is outside the {kind} integer range [{lo}, {hi}]")
 
     def execute(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         self.validate_inputs(inputs)

@@ -209,7 +209,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     original, candidate = Model(args.reference), Model(args.model)
     reference, described = make_reference(original, Config(), inputs=args.inputs, input_range=args.input_range,
                                           samples=args.samples, seed=args.seed)
-    result = final_check(reference, candidate, float_rtol=args.float_rtol)
+    result = final_check(reference, candidate, float_rtol=args.float_rtol, float64="mismatch")
     if args.json:
         from finnlite.report import VerificationResult
 
@@ -230,10 +230,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_bisect(args: argparse.Namespace) -> int:
     from finnlite.build import make_reference
     from finnlite.model import Model
+    from finnlite.validate import validate_model
     from verify import bisect_pipeline
 
     config = _config(args)
     model = Model(args.input)
+    validate_model(model)
     stages = config.build_stages(args.stages)
     reference, described = make_reference(model, config, inputs=args.inputs, input_range=args.input_range,
                                           samples=args.samples, seed=args.seed)

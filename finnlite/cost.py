@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx_ir as ir
 
+from custom_ops.common import MAX_BITWIDTH
 from finnlite.datatypes import BaseDataType, DataType, int_type
 from finnlite.model import Model, as_model
 from finnlite.shapes import const_array
@@ -189,7 +190,10 @@ class _Analysis:
                                                                     "Identity"):
             args = [self.const(x) for x in node.inputs]
             if all(a is not None for a in args):
-                value = _evaluate(node, args)
+                try:
+                    value = _evaluate(node, args)
+                except ValueError:  # invalid quantizer parameters (a bad input model): not a known constant
+                    value = None
         self._consts[v.name] = value
         return value
 
@@ -216,6 +220,9 @@ class _Analysis:
         if op == "Quant":
             scale, zeropt, bits = (self.const(node.inputs[i]) if len(node.inputs) > i else None for i in (1, 2, 3))
             if bits is None or bits.size != 1 or zeropt is None or scale is None or np.any(zeropt != 0):
+                return _FLOAT32
+            b = float(bits.reshape(-1)[0])
+            if not (np.isfinite(b) and b == int(b) and 1 <= b <= MAX_BITWIDTH):  # invalid: a bad input model
                 return _FLOAT32
             attr = node.attributes.get("signed")
             signed = bool(attr.value) if attr is not None else True

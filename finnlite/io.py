@@ -38,6 +38,13 @@ def _parse(data: bytes, where: str | None) -> onnx.ModelProto:
         raise ModelLoadError("not an ONNX model (no graph with nodes or outputs)", file=where)
     if proto.ir_version <= 0:
         raise ModelLoadError("not an ONNX model (no IR version)", file=where)
+    if not proto.opset_import:
+        raise ModelLoadError("incomplete ONNX model: it imports no opset (a truncated file?)", file=where)
+    newest = onnx.defs.onnx_opset_version()
+    for opset in proto.opset_import:
+        if opset.domain in ("", "ai.onnx") and not 1 <= opset.version <= newest:
+            raise ModelLoadError(f"imports ONNX opset {opset.version}; the installed onnx knows opsets 1 to "
+                                 f"{newest}", file=where)
     return proto
 
 
@@ -134,6 +141,19 @@ def _raw_everywhere(proto: onnx.ModelProto) -> None:
         if tensor.data_location != onnx.TensorProto.EXTERNAL and not tensor.HasField("raw_data"):
             arr = onnx.numpy_helper.to_array(tensor)
             proto.graph.initializer[i].CopyFrom(onnx.numpy_helper.from_array(arr, tensor.name))
+
+
+def check_output_path(path: str | os.PathLike, *, source: str | os.PathLike | None = None) -> None:
+    """Raise :class:`ModelLoadError` naming ``path`` if a model cannot be written there: its folder does not exist,
+    it is a directory, or it is the file ``source`` (the input model, however spelled or linked: it is never
+    overwritten). Run it before a long computation whose result goes to ``path``."""
+    path = Path(path)
+    if source is not None and path.exists() and Path(source).exists() and os.path.samefile(path, source):
+        raise ModelLoadError("refusing to overwrite the input model; choose another output path", file=str(path))
+    if not (path.parent if str(path.parent) else Path(".")).is_dir():
+        raise ModelLoadError("the output folder does not exist", file=str(path))
+    if path.is_dir():
+        raise ModelLoadError("the output path is a directory", file=str(path))
 
 
 def save_proto(proto: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None) -> None:

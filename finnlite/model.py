@@ -25,7 +25,7 @@ import onnx_ir as ir
 
 from finnlite import io as model_io
 from finnlite.datatypes import BaseDataType, DataType, parse_datatype
-from finnlite.errors import GraphError, ModelLoadError
+from finnlite.errors import DataTypeError, GraphError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,11 @@ class Model:
         """The ``finn_datatype`` annotation of ``name``; FLOAT32 when there is none (as in qonnx)."""
         ann = self._annotation(self._require(name))
         if ann and _DT_KEY in ann:
-            return parse_datatype(ann[_DT_KEY])
+            try:
+                return parse_datatype(ann[_DT_KEY])
+            except DataTypeError as exc:
+                raise DataTypeError(f"bad finn_datatype annotation: {exc.message}", file=self.path,
+                                    tensor=name) from None
         return DataType["FLOAT32"]
 
     def has_tensor_datatype(self, name: str) -> bool:

@@ -18,6 +18,7 @@ from custom_ops.multithreshold import channel_axis_of
 from finnlite.errors import PassError
 from finnlite.passes import Miss
 from finnlite.shapes import const_array
+from streamline.exact import EXACT_KEY, exact_value, set_exact
 from streamline.lower_common import (TO_NHWC, Perm, add_const, annotated_or_values, attr, copy_annotations,
                                      drop_if_unused, identity, inverse, is_op, new_value, permute_layout, set_attr,
                                      then, transpose_perm)
@@ -64,6 +65,13 @@ def _shape(v: ir.Value) -> tuple[int, ...] | None:
         arr = const_array(v)
         return None if arr is None else tuple(arr.shape)
     return tuple(d if isinstance(d, int) else -1 for d in v.shape)
+
+
+def _permute_exact(node: ir.Node, fn: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Apply to the exact constant a Mul/Add node carries (:mod:`streamline.exact`) the permutation ``fn`` just
+    applied to its float32 constant, so that the two keep describing the same tensor."""
+    if node.metadata_props.get(EXACT_KEY):
+        set_exact(node, fn(exact_value(node, np.zeros(0))))
 
 
 def _is_elementwise(node: ir.Node) -> bool:
@@ -257,12 +265,15 @@ class LayoutWalk:
 
     def _constant_operand(self, node: ir.Node, i: int, arr: np.ndarray, perm: Perm, rank: int) -> None:
         """Transpose constant input ``i`` (broadcasting against a rank-``rank`` tensor, so of rank ≤ ``rank``:
-        missing leading axes are 1) by ``perm``."""
+        missing leading axes are 1) by ``perm``, and the node's exact constant with it."""
         if arr.size == 1 or perm == identity(rank):
             return
-        full_shape = (1,) * (rank - arr.ndim) + arr.shape
-        self._set_input(node, i, self._permuted_const(
-            node.inputs[i], arr, ("perm", perm, rank), lambda a: a.reshape(full_shape).transpose(perm)))
+
+        def fn(a: np.ndarray) -> np.ndarray:
+            return a.reshape((1,) * (rank - a.ndim) + a.shape).transpose(perm)
+
+        self._set_input(node, i, self._permuted_const(node.inputs[i], arr, ("perm", perm, rank), fn))
+        _permute_exact(node, fn)
 
     def _elementwise(self, node: ir.Node, reps: list[Rep | None]) -> None:
         out_rank = _rank(node.outputs[0])
@@ -300,8 +311,9 @@ class LayoutWalk:
             if arr is None:
                 self._set_input(node, i, self.rep(v).value)
             elif arr.size != 1:
-                self._set_input(node, i, self._permuted_const(v, arr, ("cols", cols),
-                                                              lambda a: a.reshape(1, -1)[:, idx]))
+                fn: Callable[[np.ndarray], np.ndarray] = lambda a: a.reshape(1, -1)[:, idx]  # noqa: E731
+                self._set_input(node, i, self._permuted_const(v, arr, ("cols", cols), fn))
+                _permute_exact(node, fn)
         self._set_output(node.outputs[0], identity(2), cols)
 
     def _multithreshold(self, node: ir.Node, reps: list[Rep | None]) -> None:

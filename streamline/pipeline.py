@@ -26,6 +26,7 @@ from typing import Any, Iterable, Sequence
 from finnlite.errors import ConfigError
 from finnlite.model import Model
 from finnlite.passes import PassManager, RunReport, Stage, Transformation, register_pass
+from finnlite.validate import validate_model
 from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
 from streamline.collapse import COLLAPSE_PASSES
 from streamline.datatypes import InferDataTypes
@@ -91,9 +92,13 @@ def select_stages(stages: Sequence[Stage], only: Sequence[str] | None) -> list[S
 
 
 def streamline_model(model: Model, stages: Sequence[Stage] | None = None, hooks: Iterable[Any] = (),
-                     only: Sequence[str] | None = None) -> StreamlineResult:
-    """Run the pipeline on ``model`` in place. ``only`` selects stages by name (in pipeline order)."""
+                     only: Sequence[str] | None = None, validate: bool = True) -> StreamlineResult:
+    """Run the pipeline on ``model`` in place. ``only`` selects stages by name (in pipeline order). With
+    ``validate`` (the default) the model is first checked as an input (:func:`finnlite.validate.validate_model`),
+    so that a malformed graph or a bad quantizer parameter is reported up front, naming the node."""
     stages = select_stages(list(stages) if stages is not None else default_stages(), only)
+    if validate:
+        validate_model(model)
     before = model.op_histogram()
     t0 = time.perf_counter()
     report = PassManager(stages, hooks).run(model)
