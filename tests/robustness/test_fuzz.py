@@ -175,7 +175,7 @@ def test_saved_regressions(path: Path) -> None:
     check_streamlined(from_saved(onnx.load(str(path))))
 
 
-#: what the generator must produce in 100 graphs (words of the block descriptions)
+#: what the generator must produce in 200 graphs (words of the block descriptions)
 KINDS = ("conv", "dwconv", "matmul", "gemm", "maxpool", "residual", "equal scales", "concat", "bn", "relu",
          "hardtanh", "identity", "per-channel", "per-tensor", "float out", "narrow", "flatten", "reshape", "INT1 ",
          "UINT1 ")
@@ -186,7 +186,7 @@ def test_fuzz_graphs_are_valid_and_varied() -> None:
     seen: set[str] = set()
 
     @seed(7)
-    @settings(max_examples=100, deadline=None, database=None, phases=[Phase.generate],
+    @settings(max_examples=200, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=[HealthCheck.too_slow])
     @given(graph=fuzz_graphs())
     def run(graph: FuzzGraph) -> None:
