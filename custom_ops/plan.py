@@ -91,8 +91,18 @@ def session_options(threads: int | None = None) -> Any:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     # prepacked constant weights take another MLAS path for Gemm/MatMul, with other rounding
     opts.add_session_config_entry("session.disable_prepacking", "1")
+    no_spinning(opts)
     if threads is not None:
         opts.intra_op_num_threads = threads
+    return opts
+
+
+def no_spinning(opts: Any) -> Any:
+    """Intra-op threads that sleep instead of spinning when idle. Scheduling only (results are unchanged), but it
+    matters: a plan alternates onnxruntime sessions with numpy kernels, and spinning pool threads of every session
+    compete with those kernels for the cores (measured on 2 cores: a streamlined MobileNet-v1 sample in 0.35 s
+    instead of 0.86 s; the original model in 37-44 ms instead of 56-59 ms)."""
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
 
 
@@ -185,6 +195,7 @@ class NodeSessionStep:
             model = fix_ir_version(helper.make_model(graph, opset_imports=list(self.opsets)), IR_VERSION)
             opts = ort.SessionOptions()  # onnxruntime's defaults, as qonnx: ORT_ENABLE_ALL
             opts.log_severity_level = 3
+            no_spinning(opts)
             if self.threads is not None:
                 opts.intra_op_num_threads = self.threads
             try:

@@ -57,6 +57,7 @@ def ort_session(model: onnx.ModelProto | bytes, optimize: bool = False, threads:
     opts.log_severity_level = 3
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads sleep: see custom_ops.plan
     if threads is not None:
         opts.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"])
