@@ -15,7 +15,7 @@ import onnx_ir as ir
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import const_operand, exact_value, new_const_node, set_exact, to_float32
-from streamline.real_thresholds import RealThresholds, set_real_thresholds
+from streamline.real_thresholds import RealThresholds, fractions_of, set_real_thresholds
 
 
 def _single_use(v: ir.Value) -> bool:
@@ -54,18 +54,11 @@ class BatchNormToAffine(Rule):
         bias = b - mu * a
         rank = _rank(node.inputs[0])
         y = node.outputs[0]
-        mul = new_const_node(model, "Mul", node.inputs[0], _fr(a), rank, 1, y, f"{node.name}_mul")
-        add = new_const_node(model, "Add", mul.outputs[0], _fr(bias), rank, 1, y, f"{node.name}_add")
+        mul = new_const_node(model, "Mul", node.inputs[0], fractions_of(a), rank, 1, y, f"{node.name}_mul")
+        add = new_const_node(model, "Add", mul.outputs[0], fractions_of(bias), rank, 1, y, f"{node.name}_add")
         model.graph.insert_after(node, [mul, add])
         model.replace_uses(y, add.outputs[0])
         model.remove_node(node)
-
-
-def _fr(arr: np.ndarray) -> np.ndarray:
-    out = np.empty(arr.shape, dtype=object)
-    for i, x in enumerate(arr.ravel()):
-        out.ravel()[i] = Fraction(float(x))
-    return out
 
 
 @register_pass(group="collapse")

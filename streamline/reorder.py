@@ -17,6 +17,7 @@ import onnx_ir as ir
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
+from streamline.real_thresholds import fractions_of
 
 _STD = ("", "ai.onnx")
 
@@ -56,13 +57,6 @@ def _move_after(model: Any, lin: ir.Node, ci: int, node: ir.Node, index: int,
     set_exact(new, np.asarray(new_exact, dtype=object))
     model.graph.insert_after(node, new)
     return new
-
-
-def _fr(values: np.ndarray) -> np.ndarray:
-    out = np.empty(np.shape(values), dtype=object)
-    for idx in np.ndindex(out.shape):
-        out[idx] = Fraction(float(np.asarray(values)[idx]))
-    return out
 
 
 def _scalar(vec: np.ndarray | None) -> bool:
@@ -115,7 +109,7 @@ class MoveAddPastMatMul(Rule):
         node, (lin, ci, _), vec, w = match
         k = w.shape[0]
         b = np.array([vec[0]] * k if len(vec) == 1 else list(vec), dtype=object)
-        wf = _fr(w)
+        wf = fractions_of(w)
         bw = np.array([sum(b[i] * wf[i, n] for i in range(k)) for n in range(w.shape[1])], dtype=object)
         _move_after(model, lin, ci, node, 0, bw.reshape(1, -1) if _rank(node.outputs[0]) else bw)
 
@@ -189,7 +183,7 @@ class MoveAddPastConv(Rule):
         group = int(_conv_attrs(node).get("group", 1))
         out_ch, in_per_group = w.shape[0], w.shape[1]
         per_group_out = out_ch // group
-        wsum = _fr(w.reshape(out_ch, in_per_group, -1).sum(axis=2))
+        wsum = fractions_of(w.reshape(out_ch, in_per_group, -1).sum(axis=2))
         c = np.empty(out_ch, dtype=object)
         for o in range(out_ch):
             g = o // per_group_out
