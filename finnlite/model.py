@@ -393,14 +393,33 @@ class Model:
 
     def replace_uses(self, old: ir.Value, new: ir.Value) -> None:
         """Make every consumer of ``old`` read ``new``; a graph output ``old`` is replaced by ``new`` (which takes
-        over the output's name, so the model's interface is unchanged)."""
-        was_output = old.is_graph_output()
+        over the output's name, so the model's interface is unchanged). Where ``new`` cannot be renamed without
+        changing the interface (it is a graph input, or already a graph output), the output becomes instead a new
+        value ``Identity(new)`` with the output's name, and ``new`` keeps its own."""
+        if new is old:
+            return
+        if not old.is_graph_output():
+            old.replace_all_uses_with(new)
+            return
+        out_name = old.name
+        if new.is_graph_input() or new.is_graph_output():
+            new = self._identity_of(new, out_name)
         old.replace_all_uses_with(new, replace_graph_outputs=True)
-        if was_output:
-            out_name = old.name
-            old.name = self.make_new_valueinfo_name(out_name + "_old")
-            new.name = out_name
-            self._values[out_name] = new
+        old.name = self.make_new_valueinfo_name(out_name + "_old")
+        new.name = out_name
+        self._values[out_name] = new
+
+    def _identity_of(self, v: ir.Value, out_name: str) -> ir.Value:
+        """A new value ``Identity(v)`` (appended to the graph) with the shape, element type and annotations of ``v``."""
+        copy = self.make_value_like(v, prefix=out_name)
+        if v.meta.get(_QA_KEY):
+            copy.meta[_QA_KEY] = dict(v.meta[_QA_KEY])
+        names = {n.name for n in self.graph}
+        node_name = f"{out_name}_identity"
+        while node_name in names:
+            node_name = f"{out_name}_identity_{next(self._name_counter)}"
+        self.graph.append(ir.Node("", "Identity", [v], outputs=[copy], name=node_name))
+        return copy
 
     def bypass_node(self, node: ir.Node, input_index: int = 0) -> None:
         """Remove a single-output node whose output equals one of its inputs (e.g. an identity rewrite)."""

@@ -117,6 +117,43 @@ def test_replace_uses_keeps_graph_output_name():
     assert len(m) == 2 and "c2" not in m.graph.initializers
 
 
+def _interface_model(nodes, outputs):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, 4]) for o in outputs])
+    return make_model(graph, custom_opset=None)
+
+
+def test_replace_uses_graph_output_by_graph_input_keeps_both_names():
+    m = Model(_interface_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], ["y"]))
+    m.set_tensor_datatype("x", "INT4")
+    relu = m.find_producer("y")
+    m.replace_uses(relu.outputs[0], m.value("x"))
+    m.remove_node(relu)
+    m.cleanup()
+    assert m.input_names == ["x"] and m.output_names == ["y"]
+    assert [n.op_type for n in m.graph] == ["Identity"] and m.find_producer("y").inputs[0] is m.value("x")
+    assert m.get_tensor_datatype("y") == DataType["INT4"]
+    m.check_graph()
+    x = np.arange(4, dtype=np.float32).reshape(1, 4) - 2
+    (y,) = ort_session(m.to_proto()).run(None, {"x": x})
+    np.testing.assert_array_equal(y, x)
+
+
+def test_replace_uses_graph_output_by_another_graph_output_keeps_both_names():
+    nodes = [helper.make_node("Relu", ["x"], ["y1"], name="relu"), helper.make_node("Abs", ["y1"], ["y2"], name="abs")]
+    m = Model(_interface_model(nodes, ["y1", "y2"]))
+    ab = m.find_producer("y2")
+    m.replace_uses(ab.outputs[0], m.value("y1"))
+    m.remove_node(ab)
+    assert m.input_names == ["x"] and m.output_names == ["y1", "y2"]
+    assert m.find_producer("y1").op_type == "Relu" and m.find_producer("y2").op_type == "Identity"
+    m.check_graph()
+    x = np.arange(4, dtype=np.float32).reshape(1, 4) - 2
+    y1, y2 = ort_session(m.to_proto()).run(None, {"x": x})
+    np.testing.assert_array_equal(y1, np.maximum(x, 0))
+    np.testing.assert_array_equal(y2, np.maximum(x, 0))
+
+
 def test_cleanup_folds_constants_and_removes_dead_nodes():
     c = numpy_helper.from_array(np.array([4.0], np.float32), "c")
     nodes = [helper.make_node("Sqrt", ["c"], ["s"], name="sqrt"),

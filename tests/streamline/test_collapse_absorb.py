@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from custom_ops.executor import Executor
+from finnlite import Model
 from finnlite.compat import QONNX_DOMAIN
 from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
-from streamline.collapse import COLLAPSE_PASSES
+from streamline.collapse import COLLAPSE_PASSES, CollapseRepeatedTranspose
 from streamline.datatypes import InferDataTypes
 from streamline.real_thresholds import quant_real_thresholds, set_real_thresholds
+from streamline.pipeline import streamline_model
 from tests.streamline.rulecheck import apply, compare, graph_model
 
 RNG = np.random.default_rng(0)
@@ -98,3 +101,26 @@ def test_div_and_repeated_mul_add_collapse():
     m = apply(proto, ALL)
     assert m.op_histogram() == {"Mul": 1, "Add": 1}
     compare(proto, m, {"x": RNG.normal(size=(2, 3))}, rtol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["rule", "pipeline"])
+def test_inverse_transposes_between_graph_input_and_output_keep_the_interface(how):
+    """x → Transpose(p) → Transpose(p⁻¹) → y with x the graph input and y the graph output: the composition is the
+    identity, but neither name may change (an Identity node keeps both)."""
+    perm = [0, 2, 3, 1]
+    inverse = [perm.index(i) for i in range(4)]
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=perm, name="t1"),
+             helper.make_node("Transpose", ["t"], ["y"], perm=inverse, name="t2")]
+    proto = graph_model(nodes, {"x": [1, 2, 3, 4]}, {"y": [1, 2, 3, 4]}, {})
+    if how == "rule":
+        m = apply(proto, [CollapseRepeatedTranspose])
+        assert m.op_histogram() == {"Identity": 1}
+    else:
+        m = Model(proto)
+        streamline_model(m)
+    assert m.input_names == ["x"] and m.output_names == ["y"]
+    m.check_graph()
+    x = RNG.normal(size=(1, 2, 3, 4)).astype(np.float32)
+    got = Executor(m).run({"x": x})
+    assert list(got) == ["y"]
+    np.testing.assert_array_equal(got["y"], x)
