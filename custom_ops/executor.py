@@ -14,6 +14,10 @@
   the regions (:mod:`custom_ops.lowering`), so a quantized network usually runs as one session. A node whose
   lowering cannot be exact (a parameter that is not constant, a mixed dtype, an opset below 11) runs its kernel;
   :meth:`Executor.describe` lists the steps and says why.
+* **Integer convolutions.** In a float32 plan that does not expose every tensor, an ``Im2Col → MatMul`` pair whose
+  operands are provably small integers (a MultiThreshold's counts, integer weights, every partial sum below 2**24)
+  runs as one ``Conv``: the result is the exact integer either way, so it is bit-identical, without materializing
+  the windows or multiplying the zeros of a depthwise block-diagonal matrix (:mod:`custom_ops.intconv`).
 * **float64.** ``Executor(model, dtype=np.float64)`` casts float initializers and inputs to float64 and runs every
   node in double precision (the verifier runs the original model so to tell float32 near-ties from bugs): Casts
   to float32 cast to float64, lowerings are built in float64, custom-op kernels get float64 arrays (a float32
@@ -65,6 +69,7 @@ from onnx import helper, numpy_helper
 from custom_ops import registry
 from custom_ops.base import CustomOp
 from custom_ops.float64_ops import FLOAT64_KERNELS, Float64Op
+from custom_ops.intconv import fuse_im2col_matmul
 from custom_ops.lowering import Lowering, LoweringContext, NotLowerable, lower_node
 from custom_ops.plan import (Kernel, KernelStep, NodeSessionStep, Plan, RegionStep, Step, as_model_proto,
                              node_inputs, node_label, value_info_dims)
@@ -129,6 +134,9 @@ class Executor:
             arr.setflags(write=False)
         self._shapes = self._static_shapes()
         self._lowered, self._kernels = self._classify()
+        # Im2Col → MatMul pairs with small integer operands run as one Conv (exact: custom_ops.intconv)
+        self._fused = (fuse_im2col_matmul(self._nodes, self._ops, self._constants,
+                                          self._lowering_context(self._shapes), self._outputs) if self.lower else {})
         self._plans: dict[tuple[bool, bool], Plan] = {}
         self._chunk_batches = batch_mode == "per_item"
         if log.isEnabledFor(logging.DEBUG):
@@ -435,9 +443,14 @@ class Executor:
 
     def _build_plan(self, batched: bool, return_all: bool) -> Plan:
         """Alternate between the largest set of region nodes that waits for no pending kernel node (one region)
-        and the kernel nodes that wait for no pending region node, in topological order, until all are placed."""
-        live = self._live_nodes(return_all)
-        producer = {t: i for i in live for t in self._nodes[i].output if t}
+        and the kernel nodes that wait for no pending region node, in topological order, until all are placed.
+        Without ``return_all``, a fused Im2Col → MatMul pair is one lowered node (the Im2Col's index) that
+        produces the MatMul's outputs."""
+        fused = {} if return_all else self._fused
+        absorbed = {j for j, _ in fused.values()}
+        live = [i for i in self._live_nodes(return_all) if i not in absorbed]
+        outs = {i: self._nodes[fused[i][0] if i in fused else i].output for i in live}
+        producer = {t: i for i in live for t in outs[i] if t}
         deps = {i: {producer[t] for t in node_inputs(self._nodes[i]) if t in producer} for i in live}
         steps: list[Step] = []
         remaining = live
@@ -446,7 +459,7 @@ class Executor:
                 blocked: set[int] = set()
                 taken: list[int] = []
                 for i in remaining:
-                    if (i in self._kernels) == want_kernel and not deps[i] & blocked:
+                    if (i in self._kernels and i not in fused) == want_kernel and not deps[i] & blocked:
                         taken.append(i)
                     else:
                         blocked.add(i)
@@ -455,7 +468,7 @@ class Executor:
                 if want_kernel:
                     steps += [self._outside_step(i) for i in taken]
                 else:
-                    steps.append(self._region(taken, batched))
+                    steps.append(self._region(taken, batched, fused))
                 remaining = [i for i in remaining if i in blocked]
         # a region returns the graph tensors it computes that a later step or the caller needs
         needed_later = set(self._outputs)
@@ -472,13 +485,16 @@ class Executor:
             return NodeSessionStep(node, label, self._opset_imports, self.threads)
         return KernelStep(node, kernel, label, reason, upcast=self.dtype == np.float64)
 
-    def _region(self, members: list[int], batched: bool) -> RegionStep:
+    def _region(self, members: list[int], batched: bool, fused: Mapping[int, tuple[int, Lowering]] | None = None
+                ) -> RegionStep:
+        fused = fused or {}
         nodes: list[onnx.NodeProto] = []
         constants: dict[str, np.ndarray] = {}
         for i in members:
-            if i in self._lowered:
-                nodes += self._lowered[i].nodes
-                constants.update(self._lowered[i].constants)
+            lowering = fused[i][1] if i in fused else self._lowered.get(i)
+            if lowering is not None:
+                nodes += lowering.nodes
+                constants.update(lowering.constants)
                 continue
             node = self._as_dtype(self._nodes[i])
             if batched and node.op_type == "Reshape":
@@ -494,9 +510,11 @@ class Executor:
                     constants[t] = self._constants[t]
                 else:
                     inputs.append(t)
-        graph_tensors = [t for i in members for t in self._nodes[i].output if t]
-        return RegionStep(nodes, inputs, graph_tensors, constants, self._opset_imports, self._functions,
-                          [node_label(self._nodes[i], i) for i in members], self.threads)
+        graph_tensors = [t for i in members for t in self._nodes[fused[i][0] if i in fused else i].output if t]
+        labels = [node_label(self._nodes[i], i) + (f" + {node_label(self._nodes[fused[i][0]], fused[i][0])} as Conv"
+                                                   if i in fused else "") for i in members]
+        return RegionStep(nodes, inputs, graph_tensors, constants, self._opset_imports, self._functions, labels,
+                          self.threads)
 
     def _batch_reshape(self, node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> onnx.NodeProto:
         """A Reshape with a constant shape that hard-codes the batch dim b0, rewritten to ``[-1, d1, ...]`` when

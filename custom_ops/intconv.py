@@ -1,0 +1,181 @@
+"""Integer fast path of the executor: ``Im2Col → MatMul`` run as one onnxruntime ``Conv`` when that is exact.
+
+A streamlined FINN-ONNX model computes a convolution as ``Im2Col`` (a numpy kernel that materializes every window,
+``kh·kw`` times the activation) followed by a ``MatMul`` with the weight matrix; a depthwise convolution gets a
+block-diagonal ``(kh·kw·C, C)`` matrix, ``C`` times the work of the convolution itself. Both are what the model
+says, and the executor must compute what they compute — but when the operands are small integers the result of the
+``MatMul`` does not depend on how it is computed:
+
+**Exactness argument.** Let every element of the ``Im2Col`` input be an integer with ``|x| ≤ X`` (and the pad value
+too), and the weight matrix ``W`` integer-valued with column sums ``Σ_k |W[k, j]| ≤ S_j``. If ``X · max_j S_j <
+2**24``, every product and every partial sum of every output, in *any* order of summation, is an integer below
+``2**24`` in magnitude and so exactly representable in float32: the float32 ``MatMul`` result is the exact integer
+dot product, whatever kernel computes it (FMA or not, any blocking). A ``Conv`` with the reshaped weights computes
+the same dot products (the same terms, the zeros of the block-diagonal matrix left out), so its result is
+bit-identical — up to the sign of an all-zero sum, which a final ``Add(+0)`` makes ``+0`` as the MatMul's own
+zero-initialised accumulators do.
+
+The integer bounds come from a forward pass over the graph (:func:`integer_ranges`): ``MultiThreshold`` outputs are
+``out_scale·n + out_bias`` with ``0 ≤ n ≤ steps`` (integers when ``out_scale`` and ``out_bias`` are), layout and
+pooling ops keep their input's range, ``Im2Col`` adds its pad value, and a ``MatMul``/``Add``/``Mul`` with integer
+operands has an integer result while its bound stays below ``2**24``. Anything else (a float graph input, a Quant
+with a fractional scale) has no range, and its ``Im2Col`` runs as before. The fast path is used only in float32
+plans that do not expose every tensor (``return_all`` needs the Im2Col output itself) and only when the Im2Col
+output feeds that one MatMul.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from custom_ops.lowering import Lowering, LoweringContext, _Emitter
+
+#: integers of magnitude below this are exact in float32, and so is every sum of them that stays below it
+EXACT_LIMIT = float(2 ** 24)
+
+Range = tuple[float, float]
+_SAME_RANGE = {"Identity", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "MaxPoolNHWC",
+               "GlobalMaxPool", "Relu"}
+
+
+def _integer_const(value: np.ndarray) -> Range | None:
+    if value.dtype.kind != "f" or value.size == 0 or not np.all(np.isfinite(value)):
+        return None
+    if not np.array_equal(value, np.round(value)):
+        return None
+    lo, hi = float(value.min()), float(value.max())
+    return (lo, hi) if max(-lo, hi) < EXACT_LIMIT else None
+
+
+def _bound(r: Range) -> float:
+    return max(-r[0], r[1])
+
+
+def _matmul_range(x: Range, w: np.ndarray) -> Range | None:
+    if w.ndim != 2 or _integer_const(w) is None:
+        return None
+    b = _bound(x) * float(np.abs(w.astype(np.float64)).sum(axis=0).max(initial=0.0))
+    return (-b, b) if b < EXACT_LIMIT else None
+
+
+def integer_ranges(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], constants: Mapping[str, np.ndarray]
+                   ) -> dict[str, Range]:
+    """Tensors whose every element is, on any input, an integer in the range ``(lo, hi)`` (module docstring)."""
+    ranges: dict[str, Range] = {}
+
+    def const_range(name: str) -> Range | None:
+        if name not in ranges and name in constants:
+            r = _integer_const(constants[name])
+            if r is not None:
+                ranges[name] = r
+        return ranges.get(name)
+
+    for i, node in enumerate(nodes):
+        if not node.output or not node.input or not node.input[0]:
+            continue
+        x = const_range(node.input[0])
+        op, out = node.op_type, None
+        if op == "MultiThreshold" and i in ops and len(node.input) == 2 and node.input[1] in constants:
+            scale, bias = ops[i].out_scale, ops[i].out_bias
+            steps = constants[node.input[1]].shape[-1]
+            ends = (bias, bias + scale * steps)
+            if float(scale).is_integer() and float(bias).is_integer() and max(map(abs, ends)) < EXACT_LIMIT:
+                out = (min(ends), max(ends))
+        elif x is None:
+            continue
+        elif op in _SAME_RANGE:
+            out = x
+        elif op == "Im2Col" and i in ops:
+            pad = float(ops[i].pad_value)
+            out = (min(x[0], pad), max(x[1], pad)) if any(ops[i].pad_amount) else x
+            out = out if _bound(out) < EXACT_LIMIT else None
+        elif op == "MatMul" and len(node.input) == 2 and node.input[1] in constants:
+            out = _matmul_range(x, constants[node.input[1]])
+        elif op in ("Add", "Sub", "Mul") and len(node.input) == 2:
+            y = const_range(node.input[1])
+            if y is not None:
+                if op == "Add":
+                    out = (x[0] + y[0], x[1] + y[1])
+                elif op == "Sub":
+                    out = (x[0] - y[1], x[1] - y[0])
+                else:
+                    corners = [a * b for a in x for b in y]
+                    out = (min(corners), max(corners))
+                out = out if _bound(out) < EXACT_LIMIT else None
+        if out is not None:
+            ranges[node.output[0]] = out
+    return ranges
+
+
+def conv_weights(w: np.ndarray, kernel: Sequence[int], channels: int) -> tuple[np.ndarray, int]:
+    """The ``Conv`` weights ``(Cout, Cin/group, kh, kw)`` and group count for an Im2Col weight matrix
+    ``(kh·kw·Cin, Cout)`` whose rows are in (kh, kw, Cin) order: depthwise (group = C) when the matrix is
+    block-diagonal with Cin = Cout, dense otherwise."""
+    kh, kw = kernel
+    cout = w.shape[1]
+    w4 = w.reshape(kh, kw, channels, cout)
+    if channels == cout and channels > 1:
+        diag = np.arange(channels)
+        off = w4.copy()
+        off[:, :, diag, diag] = 0
+        if not off.any():
+            dw = w4[:, :, diag, diag]  # (kh, kw, C)
+            return np.ascontiguousarray(dw.transpose(2, 0, 1)[:, None]), channels
+    return np.ascontiguousarray(w4.transpose(3, 2, 0, 1)), 1
+
+
+def fuse_im2col_matmul(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], constants: Mapping[str, np.ndarray],
+                       ctx: LoweringContext, outputs: Sequence[str]) -> dict[int, tuple[int, Lowering]]:
+    """For each ``Im2Col`` (index i) whose output only feeds a ``MatMul`` (index j) with constant weights and whose
+    operands have integer bounds that make the product exact: ``{i: (j, lowering)}``, the lowering computing the
+    MatMul's output from the Im2Col's input through one ``Conv``."""
+    if ctx.dtype != np.float32 or ctx.opset < 11:
+        return {}
+    ranges = integer_ranges(nodes, ops, constants)
+    consumers: dict[str, list[int]] = {}
+    for j, node in enumerate(nodes):
+        for t in node.input:
+            consumers.setdefault(t, []).append(j)
+    fused: dict[int, tuple[int, Lowering]] = {}
+    for i, node in enumerate(nodes):
+        if node.op_type != "Im2Col" or i not in ops or node.output[0] in outputs:
+            continue
+        users = consumers.get(node.output[0], [])
+        if len(users) != 1:
+            continue
+        j = users[0]
+        mm = nodes[j]
+        if (mm.op_type != "MatMul" or len(mm.input) != 2 or list(mm.input).count(node.output[0]) != 1
+                or mm.input[0] != node.output[0] or mm.input[1] not in constants):
+            continue
+        rng, w, shape = ranges.get(node.output[0]), constants[mm.input[1]], ctx.shapes.get(node.input[0])
+        op = ops[i]
+        if (rng is None or w.dtype != np.float32 or w.ndim != 2 or shape is None or len(shape) != 4
+                or shape[3] is None or w.shape[0] != op.kernel_size[0] * op.kernel_size[1] * shape[3]
+                or _matmul_range(rng, w) is None):
+            continue
+        fused[i] = (j, _lower(node, mm, op, w, int(shape[3]), ctx))
+    return fused
+
+
+def _lower(im2col: onnx.NodeProto, matmul: onnx.NodeProto, op: Any, w: np.ndarray, channels: int,
+           ctx: LoweringContext) -> Lowering:
+    """Transpose(NHWC→NCHW) → [Pad with the pad value] → Conv → Transpose(NCHW→NHWC) → Add(+0)."""
+    em = _Emitter(im2col, ctx)
+    weights, group = conv_weights(w, op.kernel_size, channels)
+    x = em.op("Transpose", [im2col.input[0]], perm=[0, 3, 1, 2])
+    top, left, bottom, right = op.pad_amount
+    pads = [top, left, bottom, right]
+    if any(pads) and op.pad_value != 0:
+        pad_spec = em.const([0, 0, top, left, 0, 0, bottom, right], "pads", np.int64)
+        x = em.op("Pad", [x, pad_spec, em.const(float(op.pad_value), "pad_value")], mode="constant")
+        pads = [0, 0, 0, 0]
+    y = em.op("Conv", [x, em.const(weights, "conv_weights")], kernel_shape=list(op.kernel_size),
+              strides=list(op.stride), dilations=list(op.dilations), pads=pads, group=group)
+    y = em.op("Transpose", [y], perm=[0, 2, 3, 1])
+    em.op("Add", [y, em.const(0.0, "plus_zero")], output=matmul.output[0])
+    return em.result
+

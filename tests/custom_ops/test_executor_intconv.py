@@ -1,0 +1,166 @@
+"""The executor's integer fast path (custom_ops.intconv): Im2Col → MatMul run as one Conv when the operands are
+small integers. Every case compares the fused plan with the plain plan (Im2Col kernel, then MatMul), bit for bit,
+on random inputs; the integer-range analysis is checked on its own, and so are the cases that must not fuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from custom_ops.executor import Executor
+from custom_ops.intconv import EXACT_LIMIT, conv_weights, integer_ranges
+from custom_ops.im2col import conv_output_dim
+from finnlite.compat import make_model
+
+DOMAIN = "qonnx.custom_op.general"
+
+
+def conv_model(h: int, w: int, c: int, cout: int, kernel=(3, 3), stride=(1, 1), pads=(1, 1, 1, 1), pad_value=0,
+               dilations=(1, 1), depthwise=False, steps=15, out_bias=0.0, out_scale=1.0, weight_scale=1.0,
+               weight_hi=8, seed=0, mt_input=True):
+    """x (float) → MultiThreshold (integers 0..steps, + out_bias) → Im2Col → MatMul(integer W) → y."""
+    rng = np.random.default_rng(seed)
+    kh, kw = kernel
+    oh = conv_output_dim(h, kh, stride[0], pads[0] + pads[2], dilations[0])
+    ow = conv_output_dim(w, kw, stride[1], pads[1] + pads[3], dilations[1])
+    if depthwise:
+        cout = c
+        wk = rng.integers(-weight_hi, weight_hi, size=(kh, kw, c)).astype(np.float32)
+        wmat = np.zeros((kh, kw, c, c), np.float32)
+        wmat[:, :, np.arange(c), np.arange(c)] = wk
+        wmat = wmat.reshape(kh * kw * c, c)
+    else:
+        wmat = rng.integers(-weight_hi, weight_hi, size=(kh * kw * c, cout)).astype(np.float32)
+    wmat = (wmat * np.float32(weight_scale)).astype(np.float32)
+    thresholds = np.sort(rng.uniform(-10, 10, size=(c, steps)), axis=1).astype(np.float32)
+    nodes = []
+    src = "x"
+    if mt_input:
+        nodes.append(helper.make_node("MultiThreshold", ["x", "T"], ["a"], domain=DOMAIN, name="mt",
+                                      out_dtype="UINT8", data_layout="NHWC", out_bias=float(out_bias),
+                                      out_scale=float(out_scale)))
+        src = "a"
+    nodes += [
+        helper.make_node("Im2Col", [src], ["p"], domain=DOMAIN, name="im2col", kernel_size=list(kernel),
+                         stride=list(stride), pad_amount=list(pads), pad_value=int(pad_value),
+                         dilations=list(dilations), input_shape=f"(1, {h}, {w}, {c})", depthwise=int(depthwise)),
+        helper.make_node("MatMul", ["p", "W"], ["y"], name="matmul"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, h, w, c])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, oh, ow, cout])],
+                              [numpy_helper.from_array(thresholds, "T"), numpy_helper.from_array(wmat, "W")])
+    return make_model(graph)
+
+
+def fused_and_plain(model):
+    fused = Executor(model)
+    plain = Executor(model)
+    plain._fused = {}
+    plain._plans.clear()
+    return fused, plain
+
+
+def assert_same_bits(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), np.abs(a - b).max()
+
+
+CASES = [
+    dict(h=8, w=8, c=4, cout=6),
+    dict(h=9, w=7, c=3, cout=5, stride=(2, 2)),
+    dict(h=8, w=8, c=6, cout=6, depthwise=True),
+    dict(h=10, w=10, c=8, cout=8, depthwise=True, stride=(2, 2)),
+    dict(h=8, w=8, c=4, cout=4, pads=(0, 0, 0, 0)),
+    dict(h=8, w=8, c=4, cout=3, pads=(1, 0, 2, 1), pad_value=3),
+    dict(h=8, w=8, c=5, cout=5, depthwise=True, pad_value=-2),
+    dict(h=11, w=9, c=3, cout=4, kernel=(3, 2), dilations=(2, 1), pads=(2, 1, 2, 1)),
+    dict(h=6, w=6, c=7, cout=9, kernel=(1, 1), pads=(0, 0, 0, 0)),
+    dict(h=1, w=12, c=3, cout=4, kernel=(1, 3), pads=(0, 1, 0, 1)),
+    dict(h=8, w=8, c=4, cout=6, out_bias=-7.0),
+    dict(h=8, w=8, c=4, cout=6, out_scale=2.0, out_bias=1.0, steps=3),
+    dict(h=8, w=8, c=2, cout=2, steps=1),  # two channels of binary activations: block-diagonal is depthwise
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_fused_conv_is_bit_identical_to_im2col_matmul(case):
+    model = conv_model(**case)
+    fused, plain = fused_and_plain(model)
+    assert len(fused._fused) == 1, fused.describe()
+    assert "as Conv" in fused.describe()
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        x = rng.uniform(-12, 12, size=(1, case["h"], case["w"], case["c"])).astype(np.float32)
+        x[0, 0, 0, 0] = -0.0
+        assert_same_bits(fused.run({"x": x})["y"], plain.run({"x": x})["y"])
+
+
+def test_zero_sums_are_positive_zero_like_matmul():
+    model = conv_model(8, 8, 3, 4, steps=1, out_bias=0.0)
+    fused, plain = fused_and_plain(model)
+    x = np.full((1, 8, 8, 3), -100.0, np.float32)  # every threshold fails: all activations 0, every sum 0
+    y = fused.run({"x": x})["y"]
+    assert not np.any(y) and not np.any(np.signbit(y))
+    assert_same_bits(y, plain.run({"x": x})["y"])
+
+
+def test_batches_and_return_all():
+    model = conv_model(8, 8, 4, 6, stride=(2, 2))
+    fused, plain = fused_and_plain(model)
+    x = np.random.default_rng(2).uniform(-12, 12, size=(3, 8, 8, 4)).astype(np.float32)
+    assert_same_bits(fused.run({"x": x})["y"], plain.run({"x": x})["y"])
+    everything = fused.run({"x": x[:1]}, return_all=True)
+    assert "p" in everything  # the Im2Col output exists when every tensor is asked for
+    assert_same_bits(everything["y"], plain.run({"x": x[:1]})["y"])
+
+
+@pytest.mark.parametrize("why, case", [
+    ("float input", dict(mt_input=False)),
+    ("fractional weights", dict(weight_scale=0.5)),
+    ("fractional out_bias", dict(out_bias=0.5)),
+    ("bound of 2**24", dict(steps=255, weight_hi=2 ** 14)),
+])
+def test_not_fused_without_an_exact_integer_bound(why, case):
+    model = conv_model(8, 8, 4, 6, **case)
+    fused, plain = fused_and_plain(model)
+    assert fused._fused == {}, why
+    x = np.random.default_rng(3).uniform(-12, 12, size=(1, 8, 8, 4)).astype(np.float32)
+    assert_same_bits(fused.run({"x": x})["y"], plain.run({"x": x})["y"])
+
+
+def test_not_fused_when_the_windows_have_another_consumer():
+    model = conv_model(8, 8, 4, 6)
+    model.graph.output.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, None))
+    assert Executor(model)._fused == {}
+
+
+def test_not_fused_in_float64():
+    assert Executor(conv_model(8, 8, 4, 6), dtype=np.float64)._fused == {}
+
+
+def test_integer_ranges():
+    from custom_ops.executor import Executor as E
+
+    ex = E(conv_model(8, 8, 4, 6, steps=15, out_bias=-3.0, pad_value=-5, weight_hi=4))
+    ranges = integer_ranges(ex._nodes, ex._ops, ex._constants)
+    assert ranges["a"] == (-3.0, 12.0)
+    assert ranges["p"] == (-5.0, 12.0)
+    w = ex._constants["W"]
+    bound = 12.0 * np.abs(w).sum(axis=0).max()
+    assert ranges["y"] == (-bound, bound)
+    assert "x" not in ranges
+    assert bound < EXACT_LIMIT
+
+
+def test_conv_weights_dense_and_depthwise():
+    rng = np.random.default_rng(4)
+    dense = rng.integers(-3, 3, size=(2 * 3 * 4, 5)).astype(np.float32)
+    wc, group = conv_weights(dense, (2, 3), 4)
+    assert group == 1 and wc.shape == (5, 4, 2, 3)
+    assert wc[2, 1, 1, 0] == dense[(1 * 3 + 0) * 4 + 1, 2]
+    diag = np.zeros((2, 3, 4, 4), np.float32)
+    diag[:, :, np.arange(4), np.arange(4)] = rng.integers(1, 3, size=(2, 3, 4))
+    wc, group = conv_weights(diag.reshape(24, 4), (2, 3), 4)
+    assert group == 4 and wc.shape == (4, 1, 2, 3)
+    assert wc[3, 0, 1, 2] == diag[1, 2, 3, 3]
