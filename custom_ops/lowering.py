@@ -14,8 +14,8 @@ an onnxruntime session:
   is bipolar: ``Where(v ≥ 0, 1, −1)``. With a constant +0 zero point the Sub is left out (``v − (+0)`` is ``v``
   bit for bit, and ``v`` already has the broadcast shape); the Add stays, since ``−0 + 0`` is ``+0``.
 * ``BipolarQuant``: ``Mul(Where(x ≥ 0, 1, −1), s)``.
-* ``MultiThreshold``: ``ReduceSum(Cast(GreaterOrEqual(Unsqueeze(x, 0), T')), axis 0)`` with ``T`` transposed to
-  (steps, channels) and reshaped to broadcast along the channel axis, then ``Mul(out_scale)``/``Add(out_bias)`` unless 1 and 0 (the count is a non-negative
+* ``MultiThreshold``: ``Cast(GreaterOrEqual(Unsqueeze(x, 0), T'))`` summed over axis 0 by a ``MatMul`` with ones,
+  ``T`` transposed to (steps, channels) and reshaped to broadcast along the channel axis, then ``Mul(out_scale)``/``Add(out_bias)`` unless 1 and 0 (the count is a non-negative
   integer, so ``1·n + 0`` is ``n``).
 * ``Trunc`` (v1, v2): ``Div, Add, Round, Div(shift), [Clip for v2], R, Sub, Mul`` with the shift (and v2's shifted
   zero point) computed at plan time in numpy, exactly as the kernel computes them.
@@ -106,10 +106,6 @@ class _Emitter:
             return self.op("Unsqueeze", [x, self.const([0], "axes", np.int64)])
         return self.op("Unsqueeze", [x], axes=[0])
 
-    def reduce_sum_first(self, x: str) -> str:
-        if self.ctx.opset >= 13:
-            return self.op("ReduceSum", [x, self.const([0], "axes", np.int64)], keepdims=0)
-        return self.op("ReduceSum", [x], axes=[0], keepdims=0)
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
@@ -219,7 +215,8 @@ def lower_bipolar_quant(node: onnx.NodeProto, op: Any, ctx: LoweringContext) -> 
 
 
 def lower_multithreshold(node: onnx.NodeProto, op: Any, ctx: LoweringContext) -> Lowering:
-    """MultiThreshold(x, T) → ReduceSum(Cast(GreaterOrEqual(Unsqueeze(x, 0), T')), 0), then out_scale and out_bias."""
+    """MultiThreshold(x, T) → MatMul(ones, Cast(GreaterOrEqual(Unsqueeze(x, 0), T'))) reshaped like x, then out_scale and
+    out_bias."""
     _inputs(node, (2,))
     thresholds = _constant(ctx, node, 1, "thresholds")
     _check_dtypes(ctx, node, (1,))
@@ -232,14 +229,17 @@ def lower_multithreshold(node: onnx.NodeProto, op: Any, ctx: LoweringContext) ->
     if channels != 1 and x_shape[cdim] != channels:
         raise NotLowerable(f"the channel count of '{node.input[0]}' is not known to be {channels}")
     # the threshold axis goes first: T (C, B) → T' (B, 1, .., C, .., 1) with C on axis 1 + cdim, compared with
-    # Unsqueeze(x, 0) and summed over axis 0. Each step then broadcasts one per-channel vector over x, which
-    # onnxruntime runs ~25% faster than a trailing threshold axis (an inner loop of B); the counts are small
-    # integers, so the order of summation cannot change them
+    # Unsqueeze(x, 0): each step broadcasts one per-channel vector over x (onnxruntime runs that ~25% faster than
+    # a trailing threshold axis, an inner loop of B). The hits are summed over axis 0 as MatMul(ones(1, B), hits
+    # as (B, -1)), ~1.5x faster than ReduceSum over axis 0; a sum of at most B ones is exact in any order
     shaped = np.ascontiguousarray(thresholds.T).reshape(
         (steps,) + (1,) * cdim + (channels,) + (1,) * (len(x_shape) - 1 - cdim))
     em = _Emitter(node, ctx)
     hits = em.greater_or_equal(em.unsqueeze_first(node.input[0]), em.const(shaped, "thresholds"))
-    out = em.reduce_sum_first(em.op("Cast", [hits], to=int(helper.np_dtype_to_tensor_dtype(ctx.dtype))))
+    hits = em.op("Cast", [hits], to=int(helper.np_dtype_to_tensor_dtype(ctx.dtype)))
+    flat = em.op("Reshape", [hits, em.const([steps, -1], "flat_shape", np.int64)])
+    total = em.op("MatMul", [em.const(np.ones((1, steps)), "ones"), flat])
+    out = em.op("Reshape", [total, em.op("Shape", [node.input[0]])])
     if op.out_scale != 1.0:
         out = em.op("Mul", [out, em.const(op.out_scale, "out_scale")])
     if op.out_bias != 0.0:

@@ -90,7 +90,7 @@ def test_mixed_graph_plan_regions_around_a_kernel():
     assert steps[1].node.name == "pool_nhwc" and steps[2].node.name == "maxpool"
     # Quant and MultiThreshold are lowered into the first region; the weight Quant was folded
     first = {n.op_type for n in steps[0].nodes}
-    assert {"Conv", "Round", "Clip", "GreaterOrEqual", "ReduceSum"} <= first and "Quant" not in first
+    assert {"Conv", "Round", "Clip", "GreaterOrEqual", "MatMul"} <= first and "Quant" not in first
     assert "w" in ex._constants and "quant_w" not in ex.describe()
     assert "2 custom nodes lowered, 1 run as kernels, 1 in sessions of their own" in ex.describe()
 
