@@ -42,36 +42,50 @@ _SAME_RANGE = {"Identity", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsque
 
 
 def _integer_const(value: np.ndarray) -> Range | None:
-    if value.dtype.kind != "f" or value.size == 0 or not np.all(np.isfinite(value)):
-        return None
-    if not np.array_equal(value, np.round(value)):
+    if value.dtype.kind != "f" or value.size == 0:
         return None
     lo, hi = float(value.min()), float(value.max())
-    return (lo, hi) if max(-lo, hi) < EXACT_LIMIT else None
+    if not (np.isfinite(lo) and np.isfinite(hi)) or max(-lo, hi) >= EXACT_LIMIT:
+        return None
+    return (lo, hi) if np.array_equal(value, np.rint(value)) else None
 
 
 def _bound(r: Range) -> float:
     return max(-r[0], r[1])
 
 
-def _matmul_range(x: Range, w: np.ndarray) -> Range | None:
-    if w.ndim != 2 or _integer_const(w) is None:
-        return None
-    b = _bound(x) * float(np.abs(w.astype(np.float64)).sum(axis=0).max(initial=0.0))
-    return (-b, b) if b < EXACT_LIMIT else None
+class _Weights:
+    """Per-constant facts, computed once: integer range, and the largest column sum of magnitudes."""
+
+    def __init__(self, constants: Mapping[str, np.ndarray]) -> None:
+        self.constants = constants
+        self._range: dict[str, Range | None] = {}
+        self._colsum: dict[str, float] = {}
+
+    def range(self, name: str) -> Range | None:
+        if name not in self._range:
+            self._range[name] = _integer_const(self.constants[name]) if name in self.constants else None
+        return self._range[name]
+
+    def matmul_range(self, x: Range, name: str) -> Range | None:
+        """The range of ``x @ W`` for integer ``x`` in ``x`` and the constant ``W`` named ``name``, if exact."""
+        w = self.constants.get(name)
+        if w is None or w.ndim != 2 or self.range(name) is None:
+            return None
+        if name not in self._colsum:
+            self._colsum[name] = float(np.abs(w).sum(axis=0, dtype=np.float64).max(initial=0.0))
+        b = _bound(x) * self._colsum[name]
+        return (-b, b) if b < EXACT_LIMIT else None
 
 
-def integer_ranges(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], constants: Mapping[str, np.ndarray]
-                   ) -> dict[str, Range]:
+def integer_ranges(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], constants: Mapping[str, np.ndarray],
+                   weights: _Weights | None = None) -> dict[str, Range]:
     """Tensors whose every element is, on any input, an integer in the range ``(lo, hi)`` (module docstring)."""
+    weights = weights or _Weights(constants)
     ranges: dict[str, Range] = {}
 
     def const_range(name: str) -> Range | None:
-        if name not in ranges and name in constants:
-            r = _integer_const(constants[name])
-            if r is not None:
-                ranges[name] = r
-        return ranges.get(name)
+        return ranges.get(name) if name in ranges else weights.range(name)
 
     for i, node in enumerate(nodes):
         if not node.output or not node.input or not node.input[0]:
@@ -93,7 +107,7 @@ def integer_ranges(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], cons
             out = (min(x[0], pad), max(x[1], pad)) if any(ops[i].pad_amount) else x
             out = out if _bound(out) < EXACT_LIMIT else None
         elif op == "MatMul" and len(node.input) == 2 and node.input[1] in constants:
-            out = _matmul_range(x, constants[node.input[1]])
+            out = weights.matmul_range(x, node.input[1])
         elif op in ("Add", "Sub", "Mul") and len(node.input) == 2:
             y = const_range(node.input[1])
             if y is not None:
@@ -132,9 +146,10 @@ def fuse_im2col_matmul(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], 
     """For each ``Im2Col`` (index i) whose output only feeds a ``MatMul`` (index j) with constant weights and whose
     operands have integer bounds that make the product exact: ``{i: (j, lowering)}``, the lowering computing the
     MatMul's output from the Im2Col's input through one ``Conv``."""
-    if ctx.dtype != np.float32 or ctx.opset < 11:
+    if ctx.dtype != np.float32 or ctx.opset < 11 or not any(n.op_type == "Im2Col" for n in nodes):
         return {}
-    ranges = integer_ranges(nodes, ops, constants)
+    weights = _Weights(constants)
+    ranges = integer_ranges(nodes, ops, constants, weights)
     consumers: dict[str, list[int]] = {}
     for j, node in enumerate(nodes):
         for t in node.input:
@@ -155,7 +170,7 @@ def fuse_im2col_matmul(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], 
         op = ops[i]
         if (rng is None or w.dtype != np.float32 or w.ndim != 2 or shape is None or len(shape) != 4
                 or shape[3] is None or w.shape[0] != op.kernel_size[0] * op.kernel_size[1] * shape[3]
-                or _matmul_range(rng, w) is None):
+                or weights.matmul_range(rng, mm.input[1]) is None):
             continue
         fused[i] = (j, _lower(node, mm, op, w, int(shape[3]), ctx))
     return fused
