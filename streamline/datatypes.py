@@ -74,19 +74,25 @@ class Range:
         return smallest_int_type(self.lo, self.hi)
 
 
-def _matmul_range(x: Range, w: np.ndarray, axis: int, with_zero: bool) -> Range:
-    """Range of sum_k x_k · w[k, n] (``axis`` is the summed axis of ``w`` after moving the output axis first)."""
-    lo_x, hi_x = (min(x.lo, 0.0), max(x.hi, 0.0)) if with_zero else (x.lo, x.hi)
+def _weight_sums(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Per output channel, the sums of the positive and of the negative weights over the summed ``axis``, and
+    whether every weight is an integer (depends on the weight only: cached per weight tensor)."""
     w = np.asarray(w, dtype=np.float64)
-    pos = np.clip(w, 0, None).sum(axis=axis)
-    neg = np.clip(w, None, 0).sum(axis=axis)
+    return (np.clip(w, 0, None).sum(axis=axis), np.clip(w, None, 0).sum(axis=axis),
+            bool(np.array_equal(w, np.round(w))))
+
+
+def _matmul_range(x: Range, w: np.ndarray | tuple, axis: int, with_zero: bool) -> Range:
+    """Range of sum_k x_k · w[k, n] (``axis`` is the summed axis of ``w`` after moving the output axis first);
+    ``w`` may be given as its :func:`_weight_sums`."""
+    lo_x, hi_x = (min(x.lo, 0.0), max(x.hi, 0.0)) if with_zero else (x.lo, x.hi)
+    pos, neg, integer_w = w if isinstance(w, tuple) else _weight_sums(w, axis)
     with np.errstate(invalid="ignore"):
         hi = hi_x * pos + lo_x * neg
         lo = lo_x * pos + hi_x * neg
     if np.isnan(hi).any() or np.isnan(lo).any():
         return Range.unknown()
-    integer = x.integer and bool(np.array_equal(w, np.round(w)))
-    return Range(float(lo.min()), float(hi.max()), integer)
+    return Range(float(lo.min()), float(hi.max()), x.integer and integer_w)
 
 
 def _node_range(node: ir.Node, ins: list[Range], consts: list[np.ndarray | None]) -> Range:
@@ -216,9 +222,12 @@ def infer_ranges(model: Any) -> dict[str, Range]:
         r = _custom_range(node, model, ins)
         if r is None:
             w = _weight_tensor(node) if node.op_type in ("MatMul", "Conv") else None
-            if w is not None:
-                r = cache.get(w, (node.op_type, ins[0], _conv_padded(node)),
-                              lambda node=node, ins=ins: _node_range(node, ins, [const_array(v) for v in node.inputs]))
+            if w is not None and node.op_type == "MatMul" and len(w.shape) == 2:
+                sums = cache.get(w, "sums0", lambda w=w: _weight_sums(w.numpy(), 0))
+                r = _matmul_range(ins[0], sums, axis=0, with_zero=False)
+            elif w is not None and node.op_type == "Conv":
+                sums = cache.get(w, "sums_conv", lambda w=w: _weight_sums(w.numpy().reshape(w.shape[0], -1), 1))
+                r = _matmul_range(ins[0], sums, axis=1, with_zero=_conv_padded(node))
             else:
                 r = _node_range(node, ins, [const_array(v) if v is not None else None for v in node.inputs]) \
                     if ins else Range.unknown()
