@@ -164,8 +164,14 @@ def save_proto(proto: onnx.ModelProto, path: str | os.PathLike, *, external_data
         raise ModelLoadError("cannot save: the output folder does not exist", file=str(path))
     if path.is_dir():
         raise ModelLoadError("cannot save: the output path is a directory", file=str(path))
+    data: bytes | None = None
     if external_data is None:
-        external_data = proto.ByteSize() > _PROTOBUF_LIMIT
+        # serializing once answers the size question too (ByteSize() costs as much as serializing)
+        try:
+            data = proto.SerializeToString()
+        except Exception:  # noqa: BLE001 - protobuf refuses messages over 2 GB (ValueError / EncodeError)
+            data = None
+        external_data = data is None or len(data) > _PROTOBUF_LIMIT
     data_tmp = None
     fd, model_tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     os.close(fd)
@@ -176,8 +182,9 @@ def save_proto(proto: onnx.ModelProto, path: str | os.PathLike, *, external_data
             fd, data_tmp = tempfile.mkstemp(prefix=f".{data_name}.", suffix=".tmp", dir=folder)
             os.close(fd)
             _to_external(proto, data_name, data_tmp)
+            data = None
         with open(model_tmp, "wb") as fh:
-            fh.write(proto.SerializeToString())
+            fh.write(data if data is not None else proto.SerializeToString())
         if data_tmp is not None:
             os.replace(data_tmp, folder / data_name)
             data_tmp = None

@@ -77,9 +77,11 @@ class Range:
 def _weight_sums(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray, bool]:
     """Per output channel, the sums of the positive and of the negative weights over the summed ``axis``, and
     whether every weight is an integer (depends on the weight only: cached per weight tensor)."""
-    w = np.asarray(w, dtype=np.float64)
-    return (np.clip(w, 0, None).sum(axis=axis), np.clip(w, None, 0).sum(axis=axis),
-            bool(np.array_equal(w, np.round(w))))
+    w = np.asarray(w)
+    if w.dtype.kind != "f":
+        w = w.astype(np.float64)
+    return (np.maximum(w, 0).sum(axis=axis, dtype=np.float64), np.minimum(w, 0).sum(axis=axis, dtype=np.float64),
+            bool(np.array_equal(w, np.rint(w))))
 
 
 def _matmul_range(x: Range, w: np.ndarray | tuple, axis: int, with_zero: bool) -> Range:
