@@ -1,0 +1,43 @@
+"""Memory: a Model does not keep constants it no longer uses (nor, through them, the loaded ModelProto) alive."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from finnlite import Model
+from tests.core.fixtures import chain_model
+
+
+def test_initializer_inputs_leave_no_reference_behind():
+    """An exporter that lists weights as graph inputs: after they are dropped from the inputs, onnx_ir's reference
+    counts of the inputs hold no entry for them (such an entry kept the value, its constant and the whole loaded
+    proto alive)."""
+    proto = chain_model(3)
+    for init in proto.graph.initializer:
+        proto.graph.input.append(helper.make_tensor_value_info(init.name, TensorProto.FLOAT, [8]))
+    model = Model(proto)
+    assert model.input_names == ["x"]
+    counter = model.graph.inputs._ref_counter
+    assert all(n > 0 for n in counter.values()) and {v.name for v in counter} == {"x"}
+
+
+def test_cleanup_releases_removed_constants_and_lookups_are_unchanged():
+    model = Model(chain_model(3))
+    big = np.arange(1 << 16, dtype=np.float32)
+    ref = weakref.ref(big)
+    model.set_initializer("unused_weight", big)
+    del big
+    assert model.value("unused_weight") is not None
+    before = model.make_new_valueinfo_name("t")
+    assert model.cleanup(fold_constants=False)
+    gc.collect()
+    assert ref() is None  # neither the graph nor the name index holds the array
+    assert model.value("unused_weight") is None and not model.is_initializer("unused_weight")
+    assert "unused_weight" not in model.get_all_tensor_names()
+    # fresh names go on as before: removed names stay taken until the index is rebuilt
+    assert model.make_new_valueinfo_name("t") != before
+    assert model.value("c0") is not None and model.get_initializer("c0") is not None
