@@ -279,42 +279,75 @@ class Executor:
 
     def _fold_constants(self, nodes: list[onnx.NodeProto], ops: dict[int, CustomOp]
                         ) -> tuple[list[onnx.NodeProto], dict[int, CustomOp]]:
-        """Compute every node whose inputs are all constants now, as execution would, and drop it: a custom node
-        through its lowering (its kernel if none), a standard node in a one-node session."""
+        """Compute every node whose inputs are all constants now, as execution would, and drop it: custom nodes
+        through their lowerings (their kernels if none) and standard nodes, consecutive ones batched into one
+        onnxruntime session (a region computes what one session per node computes; the weight quantizers of a
+        network then cost one session instead of one each), pooling ops alone as in a plan."""
         kept: list[onnx.NodeProto] = []
         kept_ops: dict[int, CustomOp] = {}
+        batch: list[tuple[list[onnx.NodeProto], dict[str, np.ndarray], list[str], str]] = []
+
+        def flush() -> None:
+            if not batch:
+                return
+            region_nodes = [n for b in batch for n in b[0]]
+            consts = {k: v for b in batch for k, v in b[1].items()}
+            produced = {t for n in region_nodes for t in n.output if t}
+            consts.update({t: self._constants[t] for n in region_nodes for t in node_inputs(n)
+                           if t in self._constants and t not in produced})
+            outputs = [t for b in batch for t in b[2]]
+            step = RegionStep(region_nodes, [], outputs, consts, self._opset_imports, self._functions,
+                              [b[3] for b in batch], self.threads)
+            env: dict[str, np.ndarray] = {}
+            try:
+                step.run(env)
+            except OpError:
+                if len(batch) == 1:
+                    raise
+                for item_nodes, item_consts, item_outputs, label in batch:  # one by one: name the failing node
+                    item = dict(item_consts)
+                    item.update({t: env[t] if t in env else self._constants[t] for n in item_nodes
+                                 for t in node_inputs(n) if t in env or t in self._constants})
+                    RegionStep(item_nodes, [], item_outputs, item, self._opset_imports, self._functions, [label],
+                               self.threads).run(env)
+            for t in outputs:
+                self._constants[t] = self._const(env[t])
+            batch.clear()
+
         for i, node in enumerate(nodes):
             inputs = node_inputs(node)
-            if (not all(t in self._constants for t in inputs) or not (inputs or node.op_type == "Constant")
-                    or node.op_type in _NONDETERMINISTIC):
+            pending = {t for b in batch for t in b[2]}
+            if (not all(t in self._constants or t in pending for t in inputs)
+                    or not (inputs or node.op_type == "Constant") or node.op_type in _NONDETERMINISTIC):
                 if i in ops:
                     kept_ops[len(kept)] = ops[i]
                 kept.append(node)
                 continue
             label = node_label(node, i)
-            step: Step
+            outputs = [t for t in node.output if t]
             if i in ops:
                 try:
-                    shapes = {t: self._constants[t].shape for t in inputs}
+                    shapes = {t: self._constants[t].shape for t in inputs if t in self._constants}
+                    if len(shapes) < len(inputs):
+                        flush()
+                        shapes = {t: self._constants[t].shape for t in inputs}
                     lowering = lower_node(node, ops[i], self._lowering_context(shapes))
-                    step = self._lowered_step(lowering, label)
+                    batch.append((lowering.nodes, dict(lowering.constants), outputs, label))
+                    continue
                 except NotLowerable as exc:
-                    step = KernelStep(node, ops[i], label, str(exc), upcast=self.dtype == np.float64)
-            else:
+                    step: Step = KernelStep(node, ops[i], label, str(exc), upcast=self.dtype == np.float64)
+            elif (self.dtype == np.float64 and node.op_type in FLOAT64_KERNELS) or node.op_type in _ALONE:
                 step = self._standard_step(node, label)
+            else:
+                batch.append(([self._as_dtype(node)], {}, outputs, label))
+                continue
+            flush()
             env = {t: self._constants[t] for t in inputs}
             step.run(env)
-            for t in node.output:
-                if t:
-                    self._constants[t] = self._const(env[t])
+            for t in outputs:
+                self._constants[t] = self._const(env[t])
+        flush()
         return kept, kept_ops
-
-    def _lowered_step(self, lowering: Lowering, label: str) -> RegionStep:
-        consts = dict(lowering.constants)
-        consts.update({t: self._constants[t] for n in lowering.nodes for t in node_inputs(n) if t in self._constants})
-        produced = [t for t in lowering.nodes[-1].output]
-        return RegionStep(lowering.nodes, [], produced, consts, self._opset_imports, self._functions, [label],
-                          self.threads)
 
     def _standard_step(self, node: onnx.NodeProto, label: str) -> Step:
         """A step running one standard node on constant inputs (constant folding)."""

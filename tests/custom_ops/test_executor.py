@@ -396,3 +396,31 @@ def test_constructor_argument_checks():
         Executor(mixed_model(), dtype=np.float16)
     with pytest.raises(ValueError, match="batch_mode"):
         Executor(mixed_model(), batch_mode="fast")
+
+
+def test_constant_folding_batches_nodes_into_one_session_and_names_a_failing_one(monkeypatch):
+    """Weight-quantizer-like chains fold in one session (bit-identical to folding node by node), and a folding
+    failure still names its node."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 4)).astype(F32)
+    quant = [helper.make_node("Quant", ["w", "s", "z", "b"], ["wq"], domain=Q, name="wquant", signed=1, narrow=0,
+                              rounding_mode="ROUND"),
+             helper.make_node("Transpose", ["wq"], ["wt"], name="wtrans", perm=[1, 0]),
+             helper.make_node("Neg", ["wt"], ["wn"], name="wneg"),
+             helper.make_node("MatMul", ["x", "wn"], ["y"], name="mm")]
+    inits = {"w": w, "s": np.array(0.25, F32), "z": np.array(0.0, F32), "b": np.array(4.0, F32)}
+    model = build(quant, {"x": (2, 4)}, ["y"], inits)
+    sessions = []
+    real = plan.make_session
+    monkeypatch.setattr(plan, "make_session", lambda m, t=None: sessions.append(len(m.graph.node)) or real(m, t))
+    ex = Executor(model)
+    assert len(sessions) == 1 and sessions[0] > 3  # one folding session for the quantizer and both layout ops
+    expected = -np.transpose(make_op(quant[0]).execute([w, inits["s"], inits["z"], inits["b"]])[0])
+    assert np.array_equal(ex._constants["wn"].view(np.uint32), expected.astype(F32).view(np.uint32))
+    bad = build([helper.make_node("Neg", ["c"], ["d"], name="ok_neg"),
+                 helper.make_node("Reshape", ["d", "shape"], ["e"], name="bad_reshape"),
+                 helper.make_node("Add", ["x", "e"], ["y"], name="add")],
+                {"x": (6,)}, ["y"], {"c": np.ones(6, F32), "shape": np.array([4], np.int64)})
+    with pytest.raises(OpError) as err:
+        Executor(bad)
+    assert err.value.node == "bad_reshape"
