@@ -158,11 +158,20 @@ def fitting_datatype(dt: BaseDataType, values: np.ndarray) -> BaseDataType:
     arr = np.asarray(values)
     if arr.size == 0:
         return dt
-    if is_integer_type(dt) and all(dt.allowed(float(x)) for x in np.unique(arr)):
+    if is_integer_type(dt) and _all_allowed(dt, arr):
         return dt
     if not is_integer_type(dt) and not np.array_equal(arr, np.round(arr)):
         return dt
     return datatype_of_values(arr)
+
+
+def _all_allowed(dt: BaseDataType, arr: np.ndarray) -> bool:
+    """Vectorized ``all(dt.allowed(x) for x in arr)`` for an integer datatype: finite integers within its range
+    (and no 0 for BIPOLAR)."""
+    lo, hi = float(arr.min()), float(arr.max())
+    if not (dt.min() <= lo and hi <= dt.max()) or not np.array_equal(arr, np.rint(arr)):
+        return False
+    return dt.name != "BIPOLAR" or not np.any(arr == 0)
 
 
 def union_datatype(dt: BaseDataType, lo: float, hi: float) -> BaseDataType:
