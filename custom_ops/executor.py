@@ -99,11 +99,13 @@ class Executor:
     arithmetic) or ``np.float64``. ``lower``: run Quant, BipolarQuant, MultiThreshold and Trunc inside the
     regions (exact; False runs their kernels). ``batch_mode``: ``"per_item"`` or ``"vectorized"`` (see the module
     docstring). ``threads``: onnxruntime intra-op threads (its default when None; other counts may change Gemm
-    rounding). Raises :class:`GraphError` for a malformed graph and :class:`OpError` for an unknown custom op.
+    rounding). ``constants``: further initializers by name, as arrays (large weights need not be serialized into
+    ``model``; a graph input of that name becomes a constant). Raises :class:`GraphError` for a malformed graph
+    and :class:`OpError` for an unknown custom op.
     """
 
     def __init__(self, model: Any, *, dtype: Any = np.float32, lower: bool = True, batch_mode: str = "per_item",
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, constants: Mapping[str, np.ndarray] | None = None) -> None:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, not {self.dtype}")
@@ -118,6 +120,8 @@ class Executor:
         self._opset = next((o.version for o in proto.opset_import if registry.is_standard_domain(o.domain)), 0)
 
         self._constants = {t.name: self._const(numpy_helper.to_array(t)) for t in graph.initializer}
+        for name, value in (constants or {}).items():  # further initializers, given as arrays (not serialized)
+            self._constants[name] = self._const(value).view()  # a view: made read-only below, the caller's is not
         self._inputs = [vi for vi in graph.input if vi.name not in self._constants]
         self._input_shapes = {vi.name: value_info_dims(vi) for vi in self._inputs}
         self._input_dtypes = {vi.name: self._input_dtype(vi) for vi in self._inputs}
@@ -477,10 +481,16 @@ class Executor:
     def _build_plan(self, batched: bool, return_all: bool) -> Plan:
         """Alternate between the largest set of region nodes that waits for no pending kernel node (one region)
         and the kernel nodes that wait for no pending region node, in topological order, until all are placed.
-        Without ``return_all``, a fused Im2Col → MatMul pair is one lowered node (the Im2Col's index) that
-        produces the MatMul's outputs."""
-        fused = {} if return_all else self._fused
-        absorbed = {j for j, _ in fused.values()}
+        A fused Im2Col → MatMul pair is one lowered node (the Im2Col's index) that produces the MatMul's outputs;
+        where the Im2Col's output is needed too (``return_all``, other readers) the Im2Col still runs and the
+        MatMul runs as the Conv on the Im2Col's input."""
+        fused: dict[int, tuple[int, Lowering]] = {}
+        for i, (j, lowering, private) in self._fused.items():
+            if private and not return_all:
+                fused[i] = (j, lowering)  # the pair is one node in the Im2Col's place
+            else:
+                fused[j] = (j, lowering)  # the Im2Col runs for its output; the MatMul runs as the Conv
+        absorbed = {j for i, (j, _) in fused.items() if j != i}
         live = [i for i in self._live_nodes(return_all) if i not in absorbed]
         outs = {i: self._nodes[fused[i][0] if i in fused else i].output for i in live}
         producer = {t: i for i in live for t in outs[i] if t}
@@ -544,8 +554,9 @@ class Executor:
                 else:
                     inputs.append(t)
         graph_tensors = [t for i in members for t in self._nodes[fused[i][0] if i in fused else i].output if t]
-        labels = [node_label(self._nodes[i], i) + (f" + {node_label(self._nodes[fused[i][0]], fused[i][0])} as Conv"
-                                                   if i in fused else "") for i in members]
+        labels = [node_label(self._nodes[i], i) + ("" if i not in fused else " as Conv" if fused[i][0] == i
+                                                   else f" + {node_label(self._nodes[fused[i][0]], fused[i][0])} as Conv")
+                  for i in members]
         return RegionStep(nodes, inputs, graph_tensors, constants, self._opset_imports, self._functions, labels,
                           self.threads)
 

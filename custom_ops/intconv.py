@@ -20,8 +20,8 @@ The integer bounds come from a forward pass over the graph (:func:`integer_range
 pooling ops keep their input's range, ``Im2Col`` adds its pad value, and a ``MatMul``/``Add``/``Mul`` with integer
 operands has an integer result while its bound stays below ``2**24``. Anything else (a float graph input, a Quant
 with a fractional scale) has no range, and its ``Im2Col`` runs as before. The fast path is used only in float32
-plans that do not expose every tensor (``return_all`` needs the Im2Col output itself) and only when the Im2Col
-output feeds that one MatMul.
+plans; where the Im2Col output is needed too (``return_all``, another reader, a graph output) the Im2Col still
+runs for it and only the MatMul runs as the Conv.
 """
 
 from __future__ import annotations
@@ -142,10 +142,11 @@ def conv_weights(w: np.ndarray, kernel: Sequence[int], channels: int) -> tuple[n
 
 
 def fuse_im2col_matmul(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], constants: Mapping[str, np.ndarray],
-                       ctx: LoweringContext, outputs: Sequence[str]) -> dict[int, tuple[int, Lowering]]:
-    """For each ``Im2Col`` (index i) whose output only feeds a ``MatMul`` (index j) with constant weights and whose
-    operands have integer bounds that make the product exact: ``{i: (j, lowering)}``, the lowering computing the
-    MatMul's output from the Im2Col's input through one ``Conv``."""
+                       ctx: LoweringContext, outputs: Sequence[str]) -> dict[int, tuple[int, Lowering, bool]]:
+    """For each ``Im2Col`` (index i) that feeds a ``MatMul`` (index j) with constant weights, and whose operands
+    have integer bounds that make the product exact: ``{i: (j, lowering, private)}``, the lowering computing the
+    MatMul's output from the Im2Col's input through one ``Conv``; ``private`` when that MatMul is the only reader
+    of the Im2Col's output and it is not a graph output (then the Im2Col need not run at all)."""
     if ctx.dtype != np.float32 or ctx.opset < 11 or not any(n.op_type == "Im2Col" for n in nodes):
         return {}
     weights = _Weights(constants)
@@ -154,25 +155,26 @@ def fuse_im2col_matmul(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], 
     for j, node in enumerate(nodes):
         for t in node.input:
             consumers.setdefault(t, []).append(j)
-    fused: dict[int, tuple[int, Lowering]] = {}
+    fused: dict[int, tuple[int, Lowering, bool]] = {}
     for i, node in enumerate(nodes):
-        if node.op_type != "Im2Col" or i not in ops or node.output[0] in outputs:
+        if node.op_type != "Im2Col" or i not in ops:
             continue
         users = consumers.get(node.output[0], [])
-        if len(users) != 1:
+        private = len(users) == 1 and node.output[0] not in outputs
+        rng, shape, op = ranges.get(node.output[0]), ctx.shapes.get(node.input[0]), ops[i]
+        if rng is None or shape is None or len(shape) != 4 or shape[3] is None:
             continue
-        j = users[0]
-        mm = nodes[j]
-        if (mm.op_type != "MatMul" or len(mm.input) != 2 or list(mm.input).count(node.output[0]) != 1
-                or mm.input[0] != node.output[0] or mm.input[1] not in constants):
-            continue
-        rng, w, shape = ranges.get(node.output[0]), constants[mm.input[1]], ctx.shapes.get(node.input[0])
-        op = ops[i]
-        if (rng is None or w.dtype != np.float32 or w.ndim != 2 or shape is None or len(shape) != 4
-                or shape[3] is None or w.shape[0] != op.kernel_size[0] * op.kernel_size[1] * shape[3]
-                or weights.matmul_range(rng, mm.input[1]) is None):
-            continue
-        fused[i] = (j, _lower(node, mm, op, w, int(shape[3]), ctx))
+        for j in users:
+            mm = nodes[j]
+            if (mm.op_type != "MatMul" or len(mm.input) != 2 or mm.input[0] != node.output[0]
+                    or mm.input[1] == node.output[0] or mm.input[1] not in constants):
+                continue
+            w = constants[mm.input[1]]
+            if (w.dtype != np.float32 or w.ndim != 2 or w.shape[0] != op.kernel_size[0] * op.kernel_size[1] * shape[3]
+                    or weights.matmul_range(rng, mm.input[1]) is None):
+                continue
+            fused[i] = (j, _lower(node, mm, op, w, int(shape[3]), ctx), private)
+            break
     return fused
 
 

@@ -116,6 +116,9 @@ def make_session(model: onnx.ModelProto, threads: int | None = None) -> Any:
 
 
 # -- steps ----------------------------------------------------------------------------------------------------
+#: constants with at least this many elements are fed to a region's session at each run (RegionStep.run)
+FEED_ELEMENTS = 1 << 16
+
 class RegionStep:
     """Standard nodes run as one onnxruntime session, created on first run and reused.
 
@@ -129,14 +132,20 @@ class RegionStep:
         self.constants, self.opsets, self.functions = constants, opsets, functions
         self.labels, self.threads = labels, threads
         self._session: Any = None
+        self._fed: dict[str, np.ndarray] = {}
 
     def describe(self) -> str:
         head = ", ".join(self.labels[:3]) + (", ..." if len(self.labels) > 3 else "")
         return f"onnxruntime region: {len(self.labels)} nodes ({len(self.nodes)} after lowering): {head}"
 
-    def model(self, feeds: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-        """The region as a model, its inputs typed after ``feeds`` with unknown dims (any batch size runs)."""
+    def model(self, feeds: Mapping[str, np.ndarray], feed_large: bool = False) -> onnx.ModelProto:
+        """The region as a model, its inputs typed after ``feeds`` with unknown dims (any batch size runs). With
+        ``feed_large``, constants of :data:`FEED_ELEMENTS` elements or more are graph inputs of their static
+        shape instead of initializers (see :meth:`run`)."""
         inputs = []
+        for name, value in self.large_constants().items() if feed_large else ():
+            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype),
+                                                        list(value.shape)))
         for name in self.inputs:
             arr = feeds[name]
             vi = helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), None)
@@ -145,19 +154,32 @@ class RegionStep:
                 dims.dim.add()
             inputs.append(vi)
         outputs = [onnx.ValueInfoProto(name=name) for name in self.outputs]
-        inits = [numpy_helper.from_array(value, name) for name, value in self.constants.items()]
+        large = self.large_constants() if feed_large else {}
+        inits = [numpy_helper.from_array(value, name) for name, value in self.constants.items() if name not in large]
         graph = helper.make_graph(self.nodes, "finnlite_region", inputs, outputs, inits)
         model = helper.make_model(graph, opset_imports=list(self.opsets), functions=list(self.functions))
         return fix_ir_version(model, IR_VERSION)
 
+    def large_constants(self) -> dict[str, np.ndarray]:
+        """The constants fed to the session at each run rather than serialized into its model."""
+        return {name: value for name, value in self.constants.items()
+                if value.size >= FEED_ELEMENTS and value.dtype.kind in "fiub"}
+
     def run(self, env: dict[str, np.ndarray]) -> None:
+        """Run the session on ``env`` (created at the first run). Large constants (weight matrices) are fed as
+        inputs: onnxruntime reads the numpy arrays in place, where an initializer would be serialized into the
+        region's model and copied into the session (a streamlined MobileNet has 118 MB of weights; the verifier
+        builds executors for many regions of it). With graph optimizations and prepacking off, a weight computes
+        the same whether it is an initializer or an input (qonnx feeds every weight as an input)."""
         feeds = {name: env[name] for name in self.inputs}
         if self._session is None:
+            self._fed = self.large_constants()
             try:
-                self._session = make_session(self.model(feeds), self.threads)
+                self._session = make_session(self.model(feeds, feed_large=True), self.threads)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
                 raise OpError(f"onnxruntime cannot build a session for {self.describe()}: {exc}",
                               node=self.labels[0]) from exc
+        feeds.update(self._fed)
         try:
             results = self._session.run(self.outputs, feeds)
         except Exception as exc:  # noqa: BLE001

@@ -334,14 +334,9 @@ def hull(model: Model, nodes: Sequence[ir.Node]) -> list[ir.Node]:
     return topo_order([n for n in model.graph if id(n) in ids or (id(n) in down and id(n) in up)])
 
 
-#: initializers at least this large that only standard ops read are fed to a region's session rather than
-#: serialized into its model (a lowered depthwise weight can be tens of megabytes)
+#: initializers at least this large are handed to a region's executor as arrays rather than serialized into its
+#: model (a lowered depthwise weight can be tens of megabytes)
 _FEED_ELEMENTS = 1 << 16
-
-
-def _standard_readers_only(value: ir.Value, nodes: Sequence[ir.Node]) -> bool:
-    ids = {id(n) for n in nodes}
-    return all(not u.node.domain or u.node.domain == "ai.onnx" for u in value.uses() if id(u.node) in ids)
 
 
 def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[str, np.ndarray]],
@@ -376,20 +371,19 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
         init = inits.get(name)
         if init is not None and init.const_value is not None and name not in forced:
             value = init.const_value.numpy()
-            if value.size >= _FEED_ELEMENTS and _standard_readers_only(init, nodes):
-                big[name] = value  # fed, not serialized into the region's model
+            if value.size >= _FEED_ELEMENTS:
+                big[name] = value  # handed to the executor as an array, not serialized into the region's model
             else:
                 const_values[name] = value
         elif name in constants and name not in forced:
             const_values[name] = samples[0][name]
         else:
             feeds0[name] = samples[0][name]
-    feeds0.update(big)
     model = _model_of(protos, feeds0, const_values, after.graph.opset_imports)
-    ex = Executor(model, dtype=dtype)
+    ex = Executor(model, dtype=dtype, constants=big)
     results = []
     for values in samples:
-        out = ex.run({name: big[name] if name in big else values[name] for name in feeds0}, return_all=True)
+        out = ex.run({name: values[name] for name in feeds0}, return_all=True)
         for name in forced & produced:  # report what the nodes computed, not what was fed
             if f"{name}__recomputed" in out:
                 out[name] = out.pop(f"{name}__recomputed")

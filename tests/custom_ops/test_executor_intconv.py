@@ -87,7 +87,7 @@ CASES = [
 def test_fused_conv_is_bit_identical_to_im2col_matmul(case):
     model = conv_model(**case)
     fused, plain = fused_and_plain(model)
-    assert len(fused._fused) == 1, fused.describe()
+    assert len(fused._fused) == 1 and fused._fused[1][2], fused.describe()
     assert "as Conv" in fused.describe()
     rng = np.random.default_rng(1)
     for _ in range(4):
@@ -112,7 +112,10 @@ def test_batches_and_return_all():
     assert_same_bits(fused.run({"x": x})["y"], plain.run({"x": x})["y"])
     everything = fused.run({"x": x[:1]}, return_all=True)
     assert "p" in everything  # the Im2Col output exists when every tensor is asked for
-    assert_same_bits(everything["y"], plain.run({"x": x[:1]})["y"])
+    assert any("matmul as Conv" in s.describe() for s in fused._plan(False, True).steps)
+    want = plain.run({"x": x[:1]}, return_all=True)
+    for name in ("p", "y"):
+        assert_same_bits(everything[name], want[name])
 
 
 @pytest.mark.parametrize("why, case", [
@@ -129,10 +132,16 @@ def test_not_fused_without_an_exact_integer_bound(why, case):
     assert_same_bits(fused.run({"x": x})["y"], plain.run({"x": x})["y"])
 
 
-def test_not_fused_when_the_windows_have_another_consumer():
+def test_windows_with_another_reader_still_run_and_the_matmul_runs_as_conv():
     model = conv_model(8, 8, 4, 6)
     model.graph.output.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, None))
-    assert Executor(model)._fused == {}
+    fused, plain = fused_and_plain(model)
+    (j, _, private), = fused._fused.values()
+    assert not private and "matmul as Conv" in fused.describe()
+    x = np.random.default_rng(5).uniform(-12, 12, size=(1, 8, 8, 4)).astype(np.float32)
+    got, want = fused.run({"x": x}), plain.run({"x": x})
+    assert_same_bits(got["y"], want["y"])
+    assert_same_bits(got["p"], want["p"])
 
 
 def test_not_fused_in_float64():
