@@ -41,3 +41,34 @@ def test_cleanup_releases_removed_constants_and_lookups_are_unchanged():
     # fresh names go on as before: removed names stay taken until the index is rebuilt
     assert model.make_new_valueinfo_name("t") != before
     assert model.value("c0") is not None and model.get_initializer("c0") is not None
+
+
+def test_small_constants_read_from_a_proto_do_not_view_it():
+    """A small constant left in the graph must not keep the loaded ModelProto (and so every weight) alive: after
+    detaching, small initializers and Constant values have protos of their own; large weights stay views."""
+    import onnx_ir as ir
+    from onnx import numpy_helper
+
+    from finnlite.compat import make_model
+    from finnlite.model import DETACH_ELEMENTS, detach_tensors
+
+    big = np.ones((DETACH_ELEMENTS + 1,), np.float32)
+    nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array([3.0], np.float32))),
+             helper.make_node("Add", ["x", "small"], ["a"]), helper.make_node("Mul", ["a", "k"], ["b"]),
+             helper.make_node("Add", ["b", "big"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [big.size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [big.size])],
+                              [numpy_helper.from_array(np.array([2.0], np.float32), "small"),
+                               numpy_helper.from_array(big, "big")])
+    proto = make_model(graph, custom_opset=None)
+    model = ir.serde.deserialize_model(proto)
+    detach_tensors(model)
+    inits = model.graph.initializers
+    const = next(n for n in model.graph if n.op_type == "Constant").attributes["value"].value
+    # change the source message: views follow it, detached copies do not
+    proto.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([5.0], np.float32), "small"))
+    proto.graph.initializer[1].CopyFrom(numpy_helper.from_array(big * 7, "big"))
+    proto.graph.node[0].attribute[0].t.CopyFrom(numpy_helper.from_array(np.array([9.0], np.float32)))
+    assert inits["small"].const_value.numpy().tolist() == [2.0]
+    assert const.numpy().tolist() == [3.0]
+    assert inits["big"].const_value.numpy()[0] == 7.0
