@@ -279,7 +279,7 @@ class Executor:
 
     def _lowering_context(self, shapes: Mapping[str, tuple[int | None, ...]]) -> LoweringContext:
         return LoweringContext(constants=self._constants, shapes=shapes, dtype=self.dtype, opset=self._opset,
-                               fresh=self._fresh)
+                               fresh=self._fresh, types=getattr(self, "_types", {}))
 
     def _fold_constants(self, nodes: list[onnx.NodeProto], ops: dict[int, CustomOp]
                         ) -> tuple[list[onnx.NodeProto], dict[int, CustomOp]]:
@@ -398,6 +398,7 @@ class Executor:
             self._infer_round(shapes, types, small)
             if len(shapes) == known:
                 break
+        self._types = types
         return shapes
 
     def _infer_round(self, shapes: dict[str, tuple[int | None, ...]], types: dict[str, int],

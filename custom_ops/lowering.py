@@ -71,6 +71,7 @@ class LoweringContext:
     dtype: np.dtype
     opset: int
     fresh: Callable[[str], str]
+    types: Mapping[str, int] = field(default_factory=dict)  # ONNX element types where known
 
 
 class _Emitter:
@@ -279,6 +280,44 @@ def lower_trunc(node: onnx.NodeProto, op: Any, ctx: LoweringContext) -> Lowering
     return em.result
 
 
+def lower_im2col(node: onnx.NodeProto, op: Any, ctx: LoweringContext) -> Lowering:
+    """Im2Col(x) → [Pad(pad_value)] → one strided Slice per kernel position (a, b) → Concat on the channel axis.
+
+    The windows are copies of input elements and pad values, so any exact data movement computes the kernel's
+    result; the Concat of the (a, b) slices, each ``xp[:, a·dh :: sh, b·dw :: sw, :]`` cut to the output size, lays
+    every window out in (a, b, c) order as the kernel does. Needs the input's spatial size (static) and the
+    executor's float dtype for the input (the pad value is a constant of that dtype)."""
+    _inputs(node, (1,))
+    x = node.input[0]
+    shape = ctx.shapes.get(x)
+    if shape is None or len(shape) != 4 or shape[1] is None or shape[2] is None:
+        raise NotLowerable(f"the spatial size of '{x}' is not known")
+    elem = ctx.types.get(x)
+    if elem is not None and elem != helper.np_dtype_to_tensor_dtype(ctx.dtype):
+        raise NotLowerable(f"'{x}' is not a {ctx.dtype} tensor")
+    out_shape = op.output_shape(shape)  # the kernel's checks (kernel fits, size-1 dimensions)
+    (kh, kw), (sh, sw), (dh, dw) = op.kernel_size, op.stride, op.dilations
+    top, left, bottom, right = op.pad_amount
+    em = _Emitter(node, ctx)
+    if any(op.pad_amount):
+        pads = em.const([0, top, left, 0, 0, bottom, right, 0], "pads", np.int64)
+        x = em.op("Pad", [x, pads, em.const(float(op.pad_value), "pad_value")], mode="constant")
+    oh, ow = out_shape[1], out_shape[2]
+    steps = em.const([sh, sw], "steps", np.int64)
+    axes = em.const([1, 2], "axes", np.int64)
+    slices = []
+    for a in range(kh):
+        for b in range(kw):
+            starts = em.const([a * dh, b * dw], f"starts_{a}_{b}", np.int64)
+            ends = em.const([a * dh + (oh - 1) * sh + 1, b * dw + (ow - 1) * sw + 1], f"ends_{a}_{b}", np.int64)
+            slices.append(em.op("Slice", [x, starts, ends, axes, steps]))
+    if len(slices) == 1:
+        em.op("Identity", slices, output=node.output[0])
+    else:
+        em.op("Concat", slices, output=node.output[0], axis=3)
+    return em.result
+
+
 #: op_type → lowering function
 LOWERINGS: dict[str, Callable[[onnx.NodeProto, Any, LoweringContext], Lowering]] = {
     "Quant": lower_quant,
@@ -286,6 +325,7 @@ LOWERINGS: dict[str, Callable[[onnx.NodeProto, Any, LoweringContext], Lowering]]
     "BipolarQuant": lower_bipolar_quant,
     "MultiThreshold": lower_multithreshold,
     "Trunc": lower_trunc,
+    "Im2Col": lower_im2col,
 }
 
 

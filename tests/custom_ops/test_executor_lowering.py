@@ -248,3 +248,41 @@ def test_float64_lowering_matches_float64_kernel(h):
     thresholds = np.sort(rng.standard_normal((3, 5)), axis=1).astype(F32)
     model, node = one_node_model("MultiThreshold", x.shape, [thresholds], out_dtype="UINT3", out_scale=0.5)
     check_lowered(h, model, node, x, [thresholds], dtype=np.float64)
+
+
+IM2COL_CASES = [
+    dict(shape=(1, 8, 8, 3), kernel_size=[3, 3], stride=[1, 1], pad_amount=[1, 1, 1, 1]),
+    dict(shape=(1, 9, 7, 2), kernel_size=[3, 2], stride=[2, 1], pad_amount=[0, 1, 2, 0], pad_value=-3),
+    dict(shape=(1, 11, 10, 4), kernel_size=[3, 3], stride=[2, 3], dilations=[2, 1], pad_amount=[2, 1, 1, 2]),
+    dict(shape=(1, 6, 6, 5), kernel_size=[1, 1], stride=[1, 1]),
+    dict(shape=(1, 6, 6, 5), kernel_size=[1, 1], stride=[2, 2]),
+    dict(shape=(1, 1, 12, 3), kernel_size=[1, 3], stride=[1, 1], pad_amount=[0, 1, 0, 1], depthwise=1),
+    dict(shape=(1, 5, 5, 1), kernel_size=[5, 5], stride=[1, 1]),
+    dict(shape=(1, 7, 7, 2), kernel_size=[2, 2], stride=[3, 3], pad_amount=[0, 0, 1, 1], pad_value=7),
+]
+
+
+@pytest.mark.parametrize("case", IM2COL_CASES, ids=[str(i) for i in range(len(IM2COL_CASES))])
+def test_im2col_lowering_matches_the_kernel(h, case):
+    case = dict(case)
+    shape = case.pop("shape")
+    attrs = {"input_shape": str(tuple(shape)), **case}
+    model, node = one_node_model("Im2Col", shape, [], **attrs)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=shape).astype(F32)
+    x.reshape(-1)[:3] = [-0.0, np.nan, np.inf]
+    check_lowered(h, model, node, x, [])
+    batch = rng.normal(size=(3,) + shape[1:]).astype(F32)  # a batch runs as one vectorized session too
+    ex = Executor(model, batch_mode="vectorized")
+    got = ex.run({"x": batch})["y"]
+    for i in range(3):
+        h.same_bits(got[i:i + 1], make_op(node).execute([batch[i:i + 1]])[0])
+
+
+def test_im2col_of_a_non_float_input_runs_its_kernel():
+    model, node = one_node_model("Im2Col", (1, 4, 4, 2), [], x_dtype=np.int32, kernel_size=[2, 2], stride=[1, 1],
+                                 input_shape="(1, 4, 4, 2)", pad_amount=[1, 1, 1, 1], pad_value=2)
+    ex = Executor(model)
+    assert "1 run as kernels" in ex.describe()
+    x = np.arange(32, dtype=np.int32).reshape(1, 4, 4, 2)
+    assert np.array_equal(ex.run({"x": x})["y"], make_op(node).execute([x])[0])
