@@ -37,7 +37,8 @@ from finnlite.errors import VerificationError
 from finnlite.model import Model, as_model
 from verify.compare import is_integer_tensor, quant_step
 from verify.reference import ReferenceData
-from verify.region import constant_tensors, descendants, node_label, run_nodes, subgraph_model, topo_order
+from verify.region import (_FEED_ELEMENTS, constant_tensors, descendants, node_label, run_nodes, subgraph_model,
+                           topo_order)
 from verify.ties import QUANTIZER_OPS, Margin, margin_at, near_elements
 
 log = logging.getLogger(__name__)
@@ -188,15 +189,28 @@ def _with_outputs(model: Model, names: list[str]) -> onnx.ModelProto:
     return proto
 
 
-class _WithOutputs:
-    """``model`` with the extra graph outputs ``names``, serialized only when an executor asks (``to_proto``) and
-    not kept: the executor copies what it needs, so no second copy of the weights outlives its construction."""
+def _executor(model: Model, names: list[str], dtype: Any = np.float32) -> Any:
+    """An executor of ``model`` with the extra graph outputs ``names``. The large initializers (the weights:
+    118 MB for a streamlined MobileNet-v1) are handed to it as the model's own arrays instead of being serialized
+    into its ModelProto, which the executor would copy and convert back to arrays: three copies of the weights
+    while it is built, none now (float32; a float64 executor converts them, once)."""
+    from custom_ops.executor import Executor
 
-    def __init__(self, model: Model, names: list[str]) -> None:
-        self.model, self.names = model, names
-
-    def to_proto(self) -> onnx.ModelProto:
-        return _with_outputs(self.model, self.names)
+    large = {name: v for name, v in model.graph.initializers.items()
+             if v.const_value is not None and v.const_value.size >= _FEED_ELEMENTS}
+    saved = {name: v.const_value for name, v in large.items()}
+    try:  # serialize the rest: the large ones as data-less stand-ins, dropped from the proto below
+        for name, v in large.items():
+            t = saved[name]
+            v.const_value = ir.ExternalTensor("finnlite-in-memory", 0, 0, t.dtype, shape=t.shape, name=name)
+        proto = _with_outputs(model, names)
+    finally:
+        for name, v in large.items():
+            v.const_value = saved[name]
+    kept = [t for t in proto.graph.initializer if t.name not in saved]
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(kept)
+    return Executor(proto, dtype=dtype, constants={name: t.numpy() for name, t in saved.items()})
 
 
 def _slice(arr: np.ndarray, i: int, b0: int) -> np.ndarray:
@@ -313,8 +327,6 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     that agrees with float32 is then taken to agree with float64 too (the two executions of the original differ
     only at float32 near-ties, where the streamlined model follows float64). The faster mode is what the CLI and
     the build step use; it never accepts a sample that disagrees with both."""
-    from custom_ops.executor import Executor
-
     if float64 not in ("all", "mismatch"):
         raise ValueError(f"float64 must be 'all' or 'mismatch', not {float64!r}")
     m = as_model(model)
@@ -323,9 +335,8 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     result = FinalCheck(n)
     tails = {o: integer_tail(m, o) for o in m.output_names}
     extra = [t[0] for t in tails.values() if t is not None]
-    proto = _WithOutputs(m, extra)
     # the streamlined model first, its executor dropped before the original's are built: never both in memory
-    got = Executor(proto).run(reference.inputs)
+    got = _executor(m, extra).run(reference.inputs)
     ref32 = reference.outputs(np.float32)
     lazy64 = _LazyFloat64(reference, b0) if float64 == "mismatch" else None
     try:
@@ -386,7 +397,7 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
                 # run it in float64 before calling this an error; if it still differs, look for a near-tie at a
                 # quantizer of a float tensor (its thresholds are float32 numbers: they cannot be exact there)
                 if in64 is None:
-                    in64 = Executor(proto, dtype=np.float64)
+                    in64 = _executor(m, extra, np.float64)
                 values64 = in64.run(reference.sample(i), return_all=True)
                 d64 = deviation(values64, ref64, i)
                 if d64 < limit:
