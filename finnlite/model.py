@@ -96,7 +96,7 @@ class Model:
 
         ``external_data=True`` stores large initializers in ``<name>.data`` beside the model; ``None`` chooses it
         only when the model would exceed protobuf's 2 GB limit."""
-        model_io.save_proto(self.to_proto(), path, external_data=external_data)
+        model_io.save_model(self.ir, path, external_data=external_data)
 
     def copy(self) -> "Model":
         """An independent deep copy (serializes and reloads; use sparingly)."""
