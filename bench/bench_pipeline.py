@@ -117,6 +117,38 @@ def zoo_table() -> None:
     print("  the model, i.e. without the interpreter and libraries (about 120 MB); +/file: +MB over the file size)")
 
 
+def cli_model(name: str) -> dict:
+    """``finnlite streamline``'s work on one zoo model, timed in this process (run as a subprocess by
+    :func:`cli_table`): load, :func:`finnlite.build.streamline` with its defaults (the default pipeline, the final
+    check on the default number of random samples, the report's extras) and save."""
+    from finnlite import Model
+    from finnlite.build import streamline
+
+    entry = json.loads((ZOO / "manifest.json").read_text())[name]
+    _import_everything()
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        model = Model(ZOO / entry["file"])
+        report = streamline(model, input_range=tuple(entry["input_range"]))
+        model.save(Path(tmp) / "out.onnx")
+        total = time.perf_counter() - t0
+    v = report.verification
+    return {"name": name, "total": total, "samples": v.samples, "final": report.seconds.get("final check", 0.0),
+            "ok": report.error is None and v.final is not None and v.final.ok}
+
+
+def cli_table() -> None:
+    print("== end to end as `finnlite streamline` runs it (load, pipeline, final check with the default sample count")
+    print("   for the input size, report extras, save; in-process, without the interpreter's start-up)")
+    print(f"  {'model':<18} {'total s':>7} {'final check s':>13} {'samples':>7}")
+    for name in json.loads((ZOO / "manifest.json").read_text()):
+        out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--cli", name], capture_output=True,
+                             text=True, cwd=REPO, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"  {name:<18} {r['total']:7.2f} {r['final']:13.2f} {r['samples']:>7}"
+              f"{'' if r['ok'] else '  VERIFICATION FAILED'}")
+
+
 def verification_overhead() -> None:
     from finnlite import Model
     from streamline.pipeline import default_stages
@@ -201,12 +233,15 @@ def main() -> None:
         print(f"== pipeline benchmarks need the model zoo (FINNLITE_ZOO, tried {ZOO}); zoo parts skipped")
     else:
         zoo_table()
+        cli_table()
         verification_overhead()
     scaling()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--one":
+    if len(sys.argv) == 3 and sys.argv[1] == "--cli":
+        print(json.dumps(cli_model(sys.argv[2])))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--one":
         print(json.dumps(one_model(sys.argv[2])))
     else:
         main()
