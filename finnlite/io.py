@@ -169,7 +169,9 @@ def save_model(model: ir.Model, path: str | os.PathLike, *, external_data: bool 
         save_proto(to_proto(model), path, external_data=True)
         return
     head, tail, tensors = _skeleton(model)
-    sizes = [_serialized_size(t) for t in tensors]
+    parts = [_array_parts(t) for t in tensors]
+    sizes = [_parts_size(p) if p is not None else len(ir.serde.serialize_tensor(t).SerializeToString())
+             for t, p in zip(tensors, parts)]
     graph_size = len(head[1]) + len(tail[0]) + sum(_field_size(n) for n in sizes)
     model_size = len(head[0]) + _field_size(graph_size) + len(tail[1])
     if model_size > _PROTOBUF_LIMIT:
@@ -179,14 +181,20 @@ def save_model(model: ir.Model, path: str | os.PathLike, *, external_data: bool 
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(head[0] + _key(7) + _varint(graph_size) + head[1])
-            for tensor, size in zip(tensors, sizes):
+            for tensor, part, size in zip(tensors, parts, sizes):
+                fh.write(_key(5) + _varint(size))
+                if part is not None:  # the array's bytes go straight to the file
+                    fh.write(part[0] + _key(9) + _varint(part[1]))
+                    fh.flush()
+                    tensor.tofile(fh)
+                    fh.write(part[2])
+                    continue
                 data = ir.serde.serialize_tensor(tensor).SerializeToString()
-                if len(data) != size:  # a tensor whose size was mispredicted: write the model in one piece
+                if len(data) != size:  # should not happen: write the model in one piece
                     fh.seek(0)
                     fh.truncate()
                     fh.write(to_proto(model).SerializeToString())
                     break
-                fh.write(_key(5) + _varint(size))
                 fh.write(data)
                 del data
             else:
@@ -238,17 +246,29 @@ def _skeleton(model: ir.Model) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]
     return (data[:start], before), (after, data[end:]), tensors
 
 
-def _serialized_size(tensor: Any) -> int:
-    """The size of ``tensor`` serialized as a TensorProto, without serializing its data when it is an array."""
-    if isinstance(tensor, ir.Tensor) and tensor.dtype.itemsize >= 1 and isinstance(tensor.raw, np.ndarray):
-        probe = ir.Tensor(np.zeros(0, tensor.raw.dtype), dtype=tensor.dtype, name=tensor.name,
-                          doc_string=tensor.doc_string, metadata_props=dict(tensor.metadata_props))
-        stub = ir.serde.serialize_tensor(probe)
-        stub.ClearField("dims")
-        stub.dims.extend(tensor.shape.numpy())
-        n = tensor.raw.nbytes
-        return len(stub.SerializeToString()) + len(_varint(n)) - 1 + n  # raw_data b"" -> n bytes
-    return len(ir.serde.serialize_tensor(tensor).SerializeToString())
+def _array_parts(tensor: Any) -> tuple[bytes, int, bytes] | None:
+    """For a numpy-backed tensor, its serialized TensorProto as ``(fields before raw_data, data bytes, fields
+    after)``, made without copying the data; None for other tensors (serialized whole)."""
+    if not (isinstance(tensor, ir.Tensor) and isinstance(tensor.raw, np.ndarray) and tensor.dtype.itemsize >= 1
+            and tensor.raw.nbytes == tensor.nbytes):
+        return None
+    probe = ir.Tensor(np.zeros(0, tensor.raw.dtype), dtype=tensor.dtype, name=tensor.name,
+                      doc_string=tensor.doc_string, metadata_props=dict(tensor.metadata_props))
+    stub = ir.serde.serialize_tensor(probe)
+    stub.ClearField("dims")
+    stub.dims.extend(tensor.shape.numpy())
+    data = stub.SerializeToString()
+    fields = _fields(data)
+    if [n for n, *_ in fields].count(9) != 1:
+        return None
+    before = b"".join(data[s:e] for n, s, _, e in fields if n < 9)
+    after = b"".join(data[s:e] for n, s, _, e in fields if n > 9)
+    return before, tensor.nbytes, after
+
+
+def _parts_size(parts: tuple[bytes, int, bytes]) -> int:
+    before, n, after = parts
+    return len(before) + 1 + len(_varint(n)) + n + len(after)
 
 
 def _key(field: int) -> bytes:
@@ -256,7 +276,7 @@ def _key(field: int) -> bytes:
 
 
 def _field_size(n: int) -> int:
-    """Bytes of a length-delimited field 5 or 7 (one key byte) holding ``n`` bytes."""
+    """Bytes of a length-delimited field numbered below 16 (one key byte) holding ``n`` bytes."""
     return 1 + len(_varint(n)) + n
 
 
