@@ -92,13 +92,17 @@ def compare_tensor(name: str, actual: np.ndarray, expected: np.ndarray, policy: 
     # float32 tensors are compared in float32 (exact for equality: x - y == 0 only if x == y), others in float64
     work = a.dtype if a.dtype == b.dtype and a.dtype in (np.float32, np.float64) else np.dtype(np.float64)
     a64, b64 = a.astype(work, copy=False), b.astype(work, copy=False)
-    nan_a, nan_b = np.isnan(a64), np.isnan(b64)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(a64 - b64)
-    err = np.where(nan_a & nan_b, 0.0, np.where(nan_a | nan_b, np.inf, err))
-    err = np.where(np.isnan(err), np.inf, err)  # inf - inf
+    if np.isnan(err).any():  # NaN on either side, or inf - inf: sort them out (rare)
+        nan_a, nan_b = np.isnan(a64), np.isnan(b64)
+        err = np.where(nan_a & nan_b, 0.0, np.where(nan_a | nan_b, np.inf, err))
+        err = np.where(np.isnan(err), np.inf, err)  # inf - inf
+        unequal = (err != 0) | ((a64 != b64) & ~(nan_a & nan_b))
+    else:
+        unequal = err != 0  # without NaN, a != b exactly where |a - b| != 0 (+0 and -0 are equal)
     if exact:
-        bad_mask = (err != 0) | ((a64 != b64) & ~(nan_a & nan_b))
+        bad_mask = unequal
     else:
         assert isinstance(policy, Tolerance)
         bound = policy.bound(b64, _broadcast_step(step, b.shape))
