@@ -70,11 +70,14 @@ class _Weights:
     def matmul_range(self, x: Range, name: str) -> Range | None:
         """The range of ``x @ W`` for integer ``x`` in ``x`` and the constant ``W`` named ``name``, if exact."""
         w = self.constants.get(name)
-        if w is None or w.ndim != 2 or self.range(name) is None:
+        wr = self.range(name) if w is not None and w.ndim == 2 else None
+        if wr is None:
             return None
-        if name not in self._colsum:
-            self._colsum[name] = float(np.abs(w).sum(axis=0, dtype=np.float64).max(initial=0.0))
-        b = _bound(x) * self._colsum[name]
+        b = _bound(x) * w.shape[0] * _bound(wr)  # K·max|W| bounds every column sum: no pass over W if it suffices
+        if b >= EXACT_LIMIT:
+            if name not in self._colsum:
+                self._colsum[name] = float(np.abs(w).sum(axis=0, dtype=np.float64).max(initial=0.0))
+            b = _bound(x) * self._colsum[name]
         return (-b, b) if b < EXACT_LIMIT else None
 
 

@@ -80,6 +80,8 @@ CASES = [
     dict(h=8, w=8, c=4, cout=6, out_bias=-7.0),
     dict(h=8, w=8, c=4, cout=6, out_scale=2.0, out_bias=1.0, steps=3),
     dict(h=8, w=8, c=2, cout=2, steps=1),  # two channels of binary activations: block-diagonal is depthwise
+    # K·max|W|·max|x| = 576·128·255 is above 2**24, the largest column sum 9·128·255 is not: the exact bound decides
+    dict(h=6, w=6, c=64, cout=64, depthwise=True, steps=255, weight_hi=128),
 ]
 
 
@@ -156,10 +158,10 @@ def test_integer_ranges():
     assert ranges["a"] == (-3.0, 12.0)
     assert ranges["p"] == (-5.0, 12.0)
     w = ex._constants["W"]
-    bound = 12.0 * np.abs(w).sum(axis=0).max()
-    assert ranges["y"] == (-bound, bound)
+    exact = 12.0 * np.abs(w).sum(axis=0).max()  # the largest |y| the ranges may claim no less than
+    lo, hi = ranges["y"]
+    assert lo == -hi and exact <= hi <= 12.0 * w.shape[0] * np.abs(w).max() < EXACT_LIMIT
     assert "x" not in ranges
-    assert bound < EXACT_LIMIT
 
 
 def test_conv_weights_dense_and_depthwise():
