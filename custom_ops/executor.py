@@ -10,7 +10,7 @@
   each one onnxruntime session, created on first use and reused — and single nodes run by numpy kernels
   (``custom_ops.registry``). Plans are cached: one for outputs, one exposing every tensor (``return_all``), one
   for vectorized batches.
-* **Lower the custom ops.** Quant, BipolarQuant, MultiThreshold and Trunc become exact standard-op subgraphs inside
+* **Lower the custom ops.** Quant, BipolarQuant, MultiThreshold, Trunc and Im2Col become exact standard-op subgraphs inside
   the regions (:mod:`custom_ops.lowering`), so a quantized network usually runs as one session. A node whose
   lowering cannot be exact (a parameter that is not constant, a mixed dtype, an opset below 11) runs its kernel;
   :meth:`Executor.describe` lists the steps and says why.

@@ -19,6 +19,8 @@ an onnxruntime session:
   integer, so ``1·n + 0`` is ``n``).
 * ``Trunc`` (v1, v2): ``Div, Add, Round, Div(shift), [Clip for v2], R, Sub, Mul`` with the shift (and v2's shifted
   zero point) computed at plan time in numpy, exactly as the kernel computes them.
+* ``Im2Col``: ``[Pad(pad_value)]`` then one strided ``Slice`` per kernel position, concatenated on the channel axis in
+  (a, b, c) order: pure data movement, for a float input of static spatial size.
 
 A node is lowered only when the result is certain to be exact: the parameters that shape the computation (bit
 widths, thresholds, Trunc's scales) are constants, every constant float parameter has the executor's dtype (numpy
