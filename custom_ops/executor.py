@@ -14,10 +14,11 @@
   the regions (:mod:`custom_ops.lowering`), so a quantized network usually runs as one session. A node whose
   lowering cannot be exact (a parameter that is not constant, a mixed dtype, an opset below 11) runs its kernel;
   :meth:`Executor.describe` lists the steps and says why.
-* **Integer convolutions.** In a float32 plan that does not expose every tensor, an ``Im2Col → MatMul`` pair whose
+* **Integer convolutions.** In a float32 plan, an ``Im2Col → MatMul`` pair whose
   operands are provably small integers (a MultiThreshold's counts, integer weights, every partial sum below 2**24)
   runs as one ``Conv``: the result is the exact integer either way, so it is bit-identical, without materializing
-  the windows or multiplying the zeros of a depthwise block-diagonal matrix (:mod:`custom_ops.intconv`).
+  the windows (unless they are asked for) or multiplying the zeros of a depthwise block-diagonal matrix
+  (:mod:`custom_ops.intconv`).
 * **float64.** ``Executor(model, dtype=np.float64)`` casts float initializers and inputs to float64 and runs every
   node in double precision (the verifier runs the original model so to tell float32 near-ties from bugs): Casts
   to float32 cast to float64, lowerings are built in float64, custom-op kernels get float64 arrays (a float32
