@@ -84,3 +84,25 @@ def test_zoo_float64_mode_runs_and_agrees_with_float32():
     assert y64.dtype == np.float64 and y64.shape == y32.shape
     # float32 near-ties may move a few activations by one level; the logits stay close
     assert np.corrcoef(y64.ravel(), y32.ravel())[0, 1] > 0.99
+
+
+@pytest.mark.parametrize("name", ["tfc_2w2a", "cnv_1w1a", "cnv_2w2a", "mobilenet_v1_4b"])
+def test_streamlined_zoo_model_matches_qonnx_bit_for_bit(name):
+    """The oracle on *streamlined* models (MultiThreshold, Im2Col lowered; Im2Col -> MatMul with integer operands run
+    as one Conv) against qonnx's execute_onnx: outputs, and every tensor on the first input."""
+    from finnlite import Model
+    from streamline.pipeline import streamline_model
+
+    m = Model(zoo_model_path(name))
+    streamline_model(m, validate=False)
+    model = m.to_proto()
+    ex = Executor(model)
+    if name.startswith("cnv_2") or name.startswith("mobilenet"):
+        assert ex._fused, ex.describe()  # the integer fast path is in use
+    produced = [t for n in model.graph.node for t in n.output]
+    for seed, return_all in ((0, True), (1, False)):
+        feeds = {ex.input_names[0]: random_input(name, seed)}
+        got, ref = ex.run(feeds, return_all=return_all), qonnx_execute(model, feeds, return_all=return_all)
+        keys = produced if return_all else list(ref)
+        for key in keys:
+            assert same_bits(got[key], ref[key]), (name, seed, key, np.abs(got[key] - ref[key]).max())
