@@ -63,6 +63,44 @@ def _input_specs(model: Model) -> list[InputSpec]:
 
 
 
+def _without_large_initializers(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``proto`` without its large initializers (a new message; ``proto`` is not changed), and those as arrays:
+    an executor given them as ``constants`` does not copy the whole ModelProto first (a second copy of every
+    weight, 44.8 MB for resnet18_4w4a_ts, while it is built)."""
+    from onnx import numpy_helper
+
+    from verify.region import _FEED_ELEMENTS
+
+    def elements(t: onnx.TensorProto) -> int:
+        return int(np.prod(t.dims, dtype=np.int64)) if t.dims else 1
+
+    large = {t.name for t in proto.graph.initializer if elements(t) >= _FEED_ELEMENTS
+             and t.data_location != onnx.TensorProto.EXTERNAL and t.data_type != onnx.TensorProto.STRING}
+    if not large:
+        return proto, {}
+    graph = onnx.GraphProto()
+    for fd, value in proto.graph.ListFields():
+        if fd.name == "initializer":
+            graph.initializer.extend(t for t in value if t.name not in large)
+        elif fd.is_repeated:
+            getattr(graph, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(graph, fd.name).CopyFrom(value)
+        else:
+            setattr(graph, fd.name, value)
+    model = onnx.ModelProto()
+    for fd, value in proto.ListFields():
+        if fd.name == "graph":
+            model.graph.CopyFrom(graph)
+        elif fd.is_repeated:
+            getattr(model, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(model, fd.name).CopyFrom(value)
+        else:
+            setattr(model, fd.name, value)
+    return model, {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer if t.name in large}
+
+
 class ReferenceData:
     """N input samples for a model and the cached results of its original version on them.
 
@@ -267,7 +305,8 @@ class ReferenceData:
 
         key = np.dtype(dtype).name
         if key not in self._executors:
-            self._executors[key] = Executor(self._proto, dtype=dtype)
+            proto, large = _without_large_initializers(self._proto)
+            self._executors[key] = Executor(proto, dtype=dtype, constants=large)
         return self._executors[key]
 
     def outputs(self, dtype: Any = np.float32) -> dict[str, np.ndarray]:
