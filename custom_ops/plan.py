@@ -91,6 +91,10 @@ def session_options(threads: int | None = None) -> Any:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     # prepacked constant weights take another MLAS path for Gemm/MatMul, with other rounding
     opts.add_session_config_entry("session.disable_prepacking", "1")
+    # memory only (results unchanged): no pre-planned block for all of a run's intermediates, which the arena
+    # keeps; measured 17 MB less for a streamlined MobileNet-v1 session at the same speed. The arena itself stays:
+    # without it that session runs 40% slower for no lower peak
+    opts.enable_mem_pattern = False
     no_spinning(opts)
     if threads is not None:
         opts.intra_op_num_threads = threads
