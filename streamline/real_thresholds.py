@@ -370,6 +370,28 @@ def relu_composed(rt: RealThresholds) -> RealThresholds:
     return rt.relu_composed()
 
 
+def exact_sums(arr: np.ndarray, axis: int) -> np.ndarray:
+    """The exact sums of the float values of ``arr`` along ``axis``, as an object array of Fractions.
+
+    Summing in float64 is exact when, within each sum, every term is a multiple of the smallest term's unit in the
+    last place and the total stays below 2**53 of those units: with float32 terms (24-bit significands) that holds
+    when the binary exponents of the non-zero terms span at most ``29 - ceil(log2(n))`` for n terms. Those sums are
+    taken in float64; any other sum term by term in Fractions."""
+    a = np.moveaxis(np.asarray(arr, dtype=np.float64), axis, -1)
+    n = a.shape[-1]
+    bits = 24 if np.asarray(arr).dtype.itemsize <= 4 else 53
+    exps = np.frexp(a)[1].astype(np.int64)
+    nonzero = a != 0
+    span = (np.max(np.where(nonzero, exps, -4096), axis=-1, initial=-4096)
+            - np.min(np.where(nonzero, exps, 4096), axis=-1, initial=4096))
+    finite = np.all(np.isfinite(a), axis=-1)
+    safe = finite & ((span <= 53 - bits - math.ceil(math.log2(max(n, 1)))) | ~np.any(nonzero, axis=-1))
+    out = fractions_of(np.where(safe, a.sum(axis=-1), 0.0))
+    for idx in zip(*np.nonzero(~safe)):
+        out[idx] = sum((Fraction(float(v)) for v in a[idx]), Fraction(0))
+    return out
+
+
 def fractions_of(arr: Sequence[float] | np.ndarray) -> np.ndarray:
     """An object array of exact Fractions of the float values of ``arr``."""
     a = np.asarray(arr, dtype=np.float64)

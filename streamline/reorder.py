@@ -17,7 +17,7 @@ import onnx_ir as ir
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
-from streamline.real_thresholds import fractions_of
+from streamline.real_thresholds import exact_sums, fractions_of
 
 _STD = ("", "ai.onnx")
 
@@ -183,7 +183,7 @@ class MoveAddPastConv(Rule):
         group = int(_conv_attrs(node).get("group", 1))
         out_ch, in_per_group = w.shape[0], w.shape[1]
         per_group_out = out_ch // group
-        wsum = fractions_of(w.reshape(out_ch, in_per_group, -1).sum(axis=2))
+        wsum = exact_sums(w.reshape(out_ch, in_per_group, -1), axis=2)  # exact: float32 sums can round
         c = np.empty(out_ch, dtype=object)
         for o in range(out_ch):
             g = o // per_group_out

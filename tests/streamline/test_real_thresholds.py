@@ -95,3 +95,19 @@ def test_relu_composition():
     relu = np.maximum(x, 0)
     np.testing.assert_array_equal(_count(composed, fractions_of(x)[None, :]),
                                   _count(rt, fractions_of(relu)[None, :]))
+
+
+def test_exact_sums_are_exact_for_any_exponent_span():
+    from fractions import Fraction
+
+    from streamline.real_thresholds import exact_sums
+
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        shape = (3, 4, int(rng.integers(1, 12)))
+        w = (rng.normal(size=shape) * 10.0 ** rng.integers(-12, 12, size=shape)).astype(np.float32)
+        w[rng.random(shape) < 0.2] = 0
+        got = exact_sums(w, 2)
+        for o in range(3):
+            for i in range(4):
+                assert got[o, i] == sum((Fraction(float(v)) for v in w[o, i]), Fraction(0))

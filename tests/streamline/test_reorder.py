@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 from onnx import helper
 
@@ -118,3 +120,18 @@ def test_rules_reach_fixpoint_on_join_rule_alone():
     m = apply(proto, [MoveLinearPastEltwiseAdd])
     assert [n.op_type for n in m.graph] == ["Add", "Add"] and m.graph.node(1).inputs[1].const_value is not None
     compare(proto, m, {"x": _ints((1, 4)), "z": _ints((1, 4))})
+
+
+def test_add_past_conv_sums_the_weights_exactly():
+    """c_o = Σ W[o, i, k]·b_i with the weight sum taken exactly: in float32, 1e8 + 1 - 1e8 is 0, not 1."""
+    from streamline.exact import exact_value
+
+    nodes = [helper.make_node("Add", ["x", "b"], ["xb"], name="add"),
+             helper.make_node("Conv", ["xb", "W"], ["y"], name="conv")]
+    w = np.array([1e8, 1.0, -1e8], np.float32).reshape(1, 1, 1, 3)
+    assert w.sum() == 0  # the float32 sum loses the 1
+    proto = graph_model(nodes, {"x": [1, 1, 1, 5]}, {"y": [1, 1, 1, 3]}, {"b": np.float32(0.5), "W": w})
+    m = apply(proto, [MoveAddPastConv])
+    add = next(n for n in m.graph if n.op_type == "Add")
+    const = add.inputs[1].const_value.numpy()
+    assert exact_value(add, const).reshape(-1)[0] == Fraction(1, 2)  # exactly Σ w · b = 1 · 0.5
