@@ -65,8 +65,8 @@ def _input_specs(model: Model) -> list[InputSpec]:
 
 def _without_large_initializers(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """``proto`` without its large initializers (a new message; ``proto`` is not changed), and those as arrays:
-    an executor given them as ``constants`` does not copy the whole ModelProto first (a second copy of every
-    weight, 44.8 MB for resnet18_4w4a_ts, while it is built)."""
+    an executor given them as ``constants`` uses them as they are, where from a ModelProto it would copy the whole
+    message and then every weight into arrays (44.8 MB each for resnet18_4w4a_ts)."""
     from onnx import numpy_helper
 
     from verify.region import _FEED_ELEMENTS
@@ -112,7 +112,15 @@ class ReferenceData:
     def __init__(self, model: Any, inputs: Mapping[str, np.ndarray] | np.ndarray, *, source: str = "arrays") -> None:
         m = as_model(model)
         self.source = source
-        self._proto: onnx.ModelProto = m.to_proto()
+        full = m.to_proto()
+        self._order = [t.name for t in full.graph.initializer]
+        # the snapshot: the model without its large initializers, and those as read-only arrays, which the
+        # executors use as they are (a ModelProto would be copied into arrays by each of them)
+        self._proto, self._large = _without_large_initializers(full)
+        del full
+        for arr in self._large.values():
+            arr.setflags(write=False)
+        self._shared: dict[str, Any] = {}  # the full snapshot, assembled on demand (shared with subsets)
         self._fingerprint = fingerprint(m)
         self.specs = _input_specs(m)
         if not self.specs:
@@ -272,6 +280,7 @@ class ReferenceData:
         new = object.__new__(ReferenceData)
         new.source = f"{self.source}[{idx[0]}..]" if idx else self.source
         new._proto, new._fingerprint, new.specs = self._proto, self._fingerprint, self.specs
+        new._order, new._large, new._shared = self._order, self._large, self._shared
         new.num_samples = len(idx)
         samples = [self.sample(i) for i in idx]
         scalar = {s.name for s in self.specs if s.shape is not None and len(s.shape) == 0}
@@ -286,13 +295,26 @@ class ReferenceData:
     # -- the original model and its results ----------------------------------------------------------------------
     @property
     def original_proto(self) -> onnx.ModelProto:
-        """The snapshot of the original model (do not modify)."""
-        return self._proto
+        """The snapshot of the original model (do not modify; assembled on first use and kept)."""
+        if "proto" not in self._shared:
+            self._shared["proto"] = self._full_proto()
+        return self._shared["proto"]
+
+    def _full_proto(self) -> onnx.ModelProto:
+        from onnx import numpy_helper
+
+        full = onnx.ModelProto()
+        full.CopyFrom(self._proto)
+        small = {t.name: t for t in self._proto.graph.initializer}
+        del full.graph.initializer[:]
+        full.graph.initializer.extend(numpy_helper.from_array(self._large[name], name) if name in self._large
+                                      else small[name] for name in self._order)
+        return full
 
     def original(self) -> Model:
         """The original model as a :class:`finnlite.Model` (shared; do not modify)."""
         if self._original is None:
-            self._original = Model(self._proto, check=False)
+            self._original = Model(self._shared.get("proto") or self._full_proto(), check=False)
         return self._original
 
     def describes(self, model: Model) -> bool:
@@ -305,8 +327,7 @@ class ReferenceData:
 
         key = np.dtype(dtype).name
         if key not in self._executors:
-            proto, large = _without_large_initializers(self._proto)
-            self._executors[key] = Executor(proto, dtype=dtype, constants=large)
+            self._executors[key] = Executor(self._proto, dtype=dtype, constants=self._large)
         return self._executors[key]
 
     def outputs(self, dtype: Any = np.float32) -> dict[str, np.ndarray]:
