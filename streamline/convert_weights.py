@@ -117,7 +117,15 @@ def integer_weight(node: ir.Node, split: bool = True) -> IntegerWeight:
     if not split:
         return IntegerWeight(np.empty(0, np.float32), np.asarray(zeropt), np.asarray(scale), y, dtype, qmin, qmax)
     with np.errstate(all="ignore"):
-        q = np.round(y.astype(np.float64) / scale + zeropt).astype(np.float32)
+        t = y.astype(np.float64)
+        if np.broadcast_shapes(t.shape, np.shape(scale), np.shape(zeropt)) == t.shape:
+            # in place: the same float64 operations without three temporaries of twice the weight's size
+            np.divide(t, scale, out=t)
+            np.add(t, zeropt, out=t)
+            q = np.round(t, out=t).astype(np.float32)
+        else:
+            q = np.round(t / scale + zeropt).astype(np.float32)
+        del t
     ok = (q >= qmin) & (q <= qmax)
     if dtype == DataType["BIPOLAR"]:
         ok &= q != 0
