@@ -45,7 +45,14 @@ def _import_everything() -> int:
 
 
 def _peak_rss() -> int:
-    """The process's peak resident set size so far, in bytes (ru_maxrss is in KiB on Linux, bytes on macOS)."""
+    """The process's peak resident set size so far, in bytes: VmHWM on Linux (ru_maxrss there survives exec, so a
+    subprocess of a large bench process would report its parent's peak), else ru_maxrss (bytes on macOS)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
