@@ -129,6 +129,7 @@ class Executor:
         self._outputs = [vi.name for vi in graph.output]
         self._value_info = list(graph.value_info) + list(graph.input) + list(graph.output)
         self._names: set[str] = set()
+        self._types: dict[str, int] = {}  # element types, known after _static_shapes
         nodes = self._sorted_nodes(graph)
         # the op version a custom node runs as follows its domain's opset import, 1 if absent (as in qonnx)
         versions = {o.domain: o.version for o in proto.opset_import}
@@ -280,7 +281,7 @@ class Executor:
 
     def _lowering_context(self, shapes: Mapping[str, tuple[int | None, ...]]) -> LoweringContext:
         return LoweringContext(constants=self._constants, shapes=shapes, dtype=self.dtype, opset=self._opset,
-                               fresh=self._fresh, types=getattr(self, "_types", {}))
+                               fresh=self._fresh, types=self._types)
 
     def _fold_constants(self, nodes: list[onnx.NodeProto], ops: dict[int, CustomOp]
                         ) -> tuple[list[onnx.NodeProto], dict[int, CustomOp]]:
@@ -291,6 +292,7 @@ class Executor:
         kept: list[onnx.NodeProto] = []
         kept_ops: dict[int, CustomOp] = {}
         batch: list[tuple[list[onnx.NodeProto], dict[str, np.ndarray], list[str], str]] = []
+        pending: set[str] = set()  # the outputs of the batch, computed at the next flush
 
         def flush() -> None:
             if not batch:
@@ -318,10 +320,10 @@ class Executor:
             for t in outputs:
                 self._constants[t] = self._const(env[t])
             batch.clear()
+            pending.clear()
 
         for i, node in enumerate(nodes):
             inputs = node_inputs(node)
-            pending = {t for b in batch for t in b[2]}
             if (not all(t in self._constants or t in pending for t in inputs)
                     or not (inputs or node.op_type == "Constant") or node.op_type in _NONDETERMINISTIC):
                 if i in ops:
@@ -338,6 +340,7 @@ class Executor:
                         shapes = {t: self._constants[t].shape for t in inputs}
                     lowering = lower_node(node, ops[i], self._lowering_context(shapes))
                     batch.append((lowering.nodes, dict(lowering.constants), outputs, label))
+                    pending.update(outputs)
                     continue
                 except NotLowerable as exc:
                     step: Step = KernelStep(node, ops[i], label, str(exc), upcast=self.dtype == np.float64)
@@ -345,6 +348,7 @@ class Executor:
                 step = self._standard_step(node, label)
             else:
                 batch.append(([self._as_dtype(node)], {}, outputs, label))
+                pending.update(outputs)
                 continue
             flush()
             env = {t: self._constants[t] for t in inputs}

@@ -63,6 +63,21 @@ def _input_specs(model: Model) -> list[InputSpec]:
 
 
 
+def _copy_fields(src: Any, dst: Any, special: str, fill: Any) -> Any:
+    """``dst`` with every set field of the message ``src`` copied, except field ``special``, which
+    ``fill(dst, value)`` fills instead."""
+    for fd, value in src.ListFields():
+        if fd.name == special:
+            fill(dst, value)
+        elif fd.is_repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+    return dst
+
+
 def _without_large_initializers(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """``proto`` without its large initializers (a new message; ``proto`` is not changed), and those as arrays:
     an executor given them as ``constants`` uses them as they are, where from a ModelProto it would copy the whole
@@ -78,26 +93,9 @@ def _without_large_initializers(proto: onnx.ModelProto) -> tuple[onnx.ModelProto
              and t.data_location != onnx.TensorProto.EXTERNAL and t.data_type != onnx.TensorProto.STRING}
     if not large:
         return proto, {}
-    graph = onnx.GraphProto()
-    for fd, value in proto.graph.ListFields():
-        if fd.name == "initializer":
-            graph.initializer.extend(t for t in value if t.name not in large)
-        elif fd.is_repeated:
-            getattr(graph, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(graph, fd.name).CopyFrom(value)
-        else:
-            setattr(graph, fd.name, value)
-    model = onnx.ModelProto()
-    for fd, value in proto.ListFields():
-        if fd.name == "graph":
-            model.graph.CopyFrom(graph)
-        elif fd.is_repeated:
-            getattr(model, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(model, fd.name).CopyFrom(value)
-        else:
-            setattr(model, fd.name, value)
+    graph = _copy_fields(proto.graph, onnx.GraphProto(), "initializer",
+                         lambda g, inits: g.initializer.extend(t for t in inits if t.name not in large))
+    model = _copy_fields(proto, onnx.ModelProto(), "graph", lambda m, _: m.graph.CopyFrom(graph))
     return model, {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer if t.name in large}
 
 

@@ -25,6 +25,7 @@ import onnx
 import onnx_ir as ir
 from onnx import helper, numpy_helper
 
+from custom_ops.plan import FEED_ELEMENTS
 from finnlite.compat import IR_VERSION
 from finnlite.model import Model
 
@@ -335,8 +336,8 @@ def hull(model: Model, nodes: Sequence[ir.Node]) -> list[ir.Node]:
 
 
 #: initializers at least this large are handed to a region's executor as arrays rather than serialized into its
-#: model (a lowered depthwise weight can be tens of megabytes)
-_FEED_ELEMENTS = 1 << 16
+#: model (a lowered depthwise weight can be tens of megabytes): the executor's own threshold for feeding them
+_FEED_ELEMENTS = FEED_ELEMENTS
 
 
 def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[str, np.ndarray]],
