@@ -34,6 +34,28 @@ _DT_KEY = "finn_datatype"
 _LAYOUT_KEY = "tensor_layout"
 
 
+def freeze(array: np.ndarray) -> np.ndarray:
+    """Make ``array`` read-only, and every array it is a view of: an initializer's contents can then change only
+    by replacing it, which is what lets the verifier fingerprint it once (see :func:`is_frozen`). Editing an
+    initializer in place raises ``ValueError: assignment destination is read-only``; copy it first."""
+    a: Any = array
+    while isinstance(a, np.ndarray):
+        a.flags.writeable = False
+        a = a.base
+    return array
+
+
+def is_frozen(array: np.ndarray) -> bool:
+    """True if nothing can write to ``array``'s memory through numpy: it and every array it is a view of are
+    read-only, and the memory it wraps, if not an array's, is immutable (``bytes``) or absent."""
+    a: Any = array
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return a is None or isinstance(a, bytes)
+
+
 def _np_dtype_to_ir(dtype: np.dtype) -> ir.DataType:
     return ir.DataType.from_numpy(np.dtype(dtype))
 
@@ -275,8 +297,9 @@ class Model:
         return name in self.graph.initializers
 
     def set_initializer(self, name: str, array: np.ndarray) -> ir.Value:
-        """Create or replace initializer ``name`` with ``array`` (its shape and element type are updated)."""
-        array = np.asarray(array)
+        """Create or replace initializer ``name`` with ``array`` (its shape and element type are updated). The
+        model takes ``array`` as it is, without a copy, and makes it read-only (:func:`freeze`)."""
+        array = freeze(np.asarray(array))
         v = self.graph.initializers.get(name)
         if v is None:
             reserved = name in self._values and self._values[name] is None

@@ -74,6 +74,23 @@ def test_shapes_and_initializers():
         m.set_initializer("t0", np.ones(1, np.float32))
 
 
+def test_set_initializer_freezes_the_array_and_what_it_views():
+    from finnlite.model import is_frozen
+
+    m = Model(chain_model(2))
+    base = np.arange(16, dtype=np.float32)
+    view = base[::2]
+    m.set_initializer("c0", view)
+    assert m.get_initializer("c0") is view and is_frozen(view)
+    with pytest.raises(ValueError, match="read-only"):
+        base[0] = 5.0  # the memory the initializer views cannot be edited either
+    with pytest.raises(ValueError, match="read-only"):
+        m.get_initializer("c0")[0] = 5.0
+    np.testing.assert_array_equal(m.get_initializer("c0"), np.arange(0, 16, 2, dtype=np.float32))
+    assert not is_frozen(np.arange(3)) and not is_frozen(np.arange(3)[1:])
+    assert is_frozen(np.frombuffer(b"\0" * 8, np.float32))
+
+
 def test_datatype_and_layout_annotations_interoperate_with_qonnx(tmp_path):
     m = Model(chain_model(2))
     assert m.get_tensor_datatype("x") == DataType["FLOAT32"] and not m.has_tensor_datatype("x")

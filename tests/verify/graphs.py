@@ -260,7 +260,9 @@ def clip_graph() -> Model:
 
 def numpy_weight_matmul() -> Model:
     m = matmul_bias_relu()
-    m.set_initializer("W", np.array(m.get_initializer("W")))  # a numpy-backed (writable) initializer
+    # a writable numpy-backed initializer, set through onnx_ir (Model.set_initializer would freeze the array)
+    m.graph.initializers["W"].const_value = ir.tensor(np.array(m.get_initializer("W")), name="W")
+    assert m.get_initializer("W").flags.writeable
     return m
 
 
