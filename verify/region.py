@@ -27,7 +27,7 @@ from onnx import helper, numpy_helper
 
 from custom_ops.plan import FEED_ELEMENTS
 from finnlite.compat import IR_VERSION
-from finnlite.model import Model
+from finnlite.model import Model, is_frozen
 
 __all__ = ["Fingerprints", "Snapshot", "Change", "find_change", "run_nodes", "topo_order", "node_label",
            "constant_tensors", "subgraph_model", "descendants", "ancestors", "hull", "structure_key", "node_signature"]
@@ -44,9 +44,10 @@ def node_label(node: ir.Node) -> str:
 class Fingerprints:
     """Content fingerprints of tensors (initializers, tensor attributes), cached by identity.
 
-    A tensor read from a file (``TensorProtoTensor``) or wrapping a read-only array cannot change without being
-    replaced, so its fingerprint is cached for good; a tensor over a writable numpy array is hashed again in each
-    generation (:meth:`new_generation`, after each pass), so that an in-place edit is still seen."""
+    A tensor read from a file (``TensorProtoTensor``) or wrapping a frozen array (:func:`finnlite.model.freeze`: every
+    initializer :meth:`Model.set_initializer` sets) cannot change without being replaced, so its fingerprint is
+    cached for good; a tensor over a writable numpy array is hashed again in each generation (:meth:`new_generation`,
+    after each pass), so that an in-place edit is still seen."""
 
     def __init__(self) -> None:
         self._cache: dict[int, tuple[Any, tuple]] = {}
@@ -66,8 +67,9 @@ class Fingerprints:
         if isinstance(tensor, ir.TensorProtoTensor):
             data, immutable = tensor.tobytes(), True
         else:
-            arr = np.ascontiguousarray(tensor.numpy())
-            data, immutable = memoryview(arr).cast("B"), not arr.flags.writeable
+            arr = tensor.numpy()
+            immutable = is_frozen(arr)
+            data = memoryview(np.ascontiguousarray(arr)).cast("B")
         fp = (str(tensor.dtype), tuple(tensor.shape), zlib.crc32(data), len(data))
         (self._cache if immutable else self._volatile)[key] = (tensor, fp)
         return fp
@@ -138,13 +140,15 @@ def constant_tensors(model: Model) -> set[str]:
 @dataclass
 class Snapshot:
     """A copy of one version of the model: a structural clone sharing the initializer tensors (O(nodes)), the
-    multiset of node signatures, the interface (input names/types/shapes, output names), and the fingerprints of
-    the shared tensors that could still be edited in place (see :meth:`edited_in_place`)."""
+    multiset of node signatures, the interface (input names/types/shapes, output names), the fingerprints of
+    the shared tensors that could still be edited in place (see :meth:`edited_in_place`), and the producer of each
+    tensor (the clone does not change: a name it lacks needs no index rebuild, as ``Model.find_producer`` does)."""
 
     model: Model
     signatures: Counter
     interface: tuple
     writable: dict[str, tuple[Any, tuple]] = field(default_factory=dict)
+    producers: dict[str, ir.Node] = field(default_factory=dict)
 
     @classmethod
     def take(cls, model: Model, fps: Fingerprints, signatures: Counter | None = None) -> "Snapshot":
@@ -155,9 +159,10 @@ class Snapshot:
         writable = {}
         for name, v in clone.graph.initializers.items():
             t = v.const_value
-            if t is not None and not isinstance(t, ir.TensorProtoTensor) and t.numpy().flags.writeable:
+            if t is not None and not isinstance(t, ir.TensorProtoTensor) and not is_frozen(t.numpy()):
                 writable[name] = (t, fps.of(t))
-        return cls(clone, signatures, _interface(clone), writable)
+        producers = {o.name: n for n in clone.graph for o in n.outputs if o.name}
+        return cls(clone, signatures, _interface(clone), writable, producers)
 
     def edited_in_place(self, fps: Fingerprints) -> list[str]:
         """Initializers shared with the live model whose content changed since the snapshot (a pass edited the
