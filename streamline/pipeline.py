@@ -59,7 +59,8 @@ def default_stages() -> list[Stage]:
         Stage("tidy", TIDY_PASSES),
         Stage("convert", CONVERT_PASSES),
         Stage("streamline", streamline_passes(), fixpoint=True),
-        Stage("lower", LOWER_PASSES),
+        # LowerConvsToMatMul and ConvertToNHWC each rewrite every layer: checked together, the network runs once
+        Stage("lower", LOWER_PASSES, granularity="stage"),
         Stage("restreamline", streamline_passes(), fixpoint=True),
         Stage("finalize", [InferDataTypes, RoundAndClipThresholds, RemoveDeadNodes, InferDataTypes]),
     ]

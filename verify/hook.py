@@ -95,7 +95,9 @@ class VerificationHook:
     """A pass-manager hook verifying each pass that changed the model (``granularity="pass"``, the default) against
     cached reference values. ``"stage"`` checks what a whole stage changed at once and, on a failure, replays the
     stage's passes one by one from the last verified version to name the first failing pass (cheaper only when the
-    passes keep tensor names for unchanged values); ``"off"`` disables it.
+    passes keep tensor names for unchanged values); ``"off"`` disables it. With ``"pass"``, a stage that declares
+    ``granularity="stage"`` (:class:`finnlite.passes.Stage`) is still checked as a whole; ``"every-pass"`` checks
+    every pass on its own regardless.
 
     ``reference``: a :class:`ReferenceData` built from the original model (default: 8 random samples in [-1, 1]
     drawn when the first stage starts). ``samples``: how many of its samples the per-pass checks use (default:
@@ -108,8 +110,8 @@ class VerificationHook:
     def __init__(self, reference: ReferenceData | None = None, *, samples: int | None = None,
                  policy: Policy = DEFAULT_POLICY, granularity: str = "pass", save_dir: str | Path | None = None,
                  near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL) -> None:
-        if granularity not in ("pass", "stage", "off"):
-            raise ValueError(f"granularity must be 'pass', 'stage' or 'off', not {granularity!r}")
+        if granularity not in ("pass", "every-pass", "stage", "off"):
+            raise ValueError(f"granularity must be 'pass', 'every-pass', 'stage' or 'off', not {granularity!r}")
         self.reference = reference
         self.samples = samples
         self.policy = policy
@@ -158,7 +160,7 @@ class VerificationHook:
             return
         policy = resolve_policy(p, stage, self.policy)
         iteration = getattr(record, "iteration", None)
-        if self.granularity == "stage" and not isinstance(policy, Metric):
+        if self._per_stage(stage) and not isinstance(policy, Metric):
             self._stage_runs.append((p, policy, iteration))
             return
         if self._stage_runs:  # a metric pass inside a deferred stage: check what came before it first
@@ -167,10 +169,16 @@ class VerificationHook:
                     iteration=iteration, changed=bool(getattr(record, "changed", True)))
 
     def after_stage(self, stage: Any, model: Model) -> None:
-        if self.granularity == "stage" and self._stage_runs:
+        if self._per_stage(stage) and self._stage_runs:
             self._check_deferred(model, stage)
 
     # -- deferred (per-stage) checking -------------------------------------------------------------------------
+    def _per_stage(self, stage: Any) -> bool:
+        """True if ``stage``'s passes are checked together at its end."""
+        if self.granularity in ("stage", "every-pass"):
+            return self.granularity == "stage"
+        return getattr(stage, "granularity", None) == "stage"
+
     def _check_deferred(self, model: Model, stage: Any) -> None:
         """Check everything the passes recorded since the last check did, at once; on a failure, replay them one by
         one from the last checked version to name the first failing pass."""
@@ -178,10 +186,11 @@ class VerificationHook:
         name = getattr(stage, "name", "?")
         policy = _union_policy([pol for _, pol, _ in runs], resolve_policy(None, stage, self.policy))
         assert self.verifier is not None
-        base = Model(self.verifier.snapshot.model.ir.clone(), check=False)
         try:
             self.verify(model, policy, label=f"stage '{name}'", pass_name=name, stage=name)
         except PassVerificationError as stage_error:
+            # a failed check leaves the verifier at the last verified version: replay the passes from a copy of it
+            base = Model(self.verifier.snapshot.model.ir.clone(), check=False)
             log.info("stage '%s' failed its check; replaying its %d pass run(s) to find the first failing one",
                      name, len(runs))
             for p, pol, iteration in runs:
