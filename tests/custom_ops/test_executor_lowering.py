@@ -159,6 +159,22 @@ def test_multithreshold_lowering_global_thresholds_and_old_opsets(h, opset):
     check_lowered(h, model, node, x, [thresholds])
 
 
+def test_large_multithreshold_runs_its_kernel(h):
+    from custom_ops.lowering import MT_KERNEL_COMPARISONS
+
+    rng = np.random.default_rng(3)
+    thresholds = np.sort(rng.normal(size=(8, 15)), axis=1).astype(F32)
+    side = int(np.ceil(np.sqrt(MT_KERNEL_COMPARISONS / (8 * 15))))  # just over the limit
+    x = rng.normal(size=(1, 8, side, side)).astype(F32)
+    model, node = one_node_model("MultiThreshold", x.shape, [thresholds], out_dtype="UINT4", out_scale=0.5)
+    ex = Executor(model)
+    assert "1 run as kernels" in ex.describe() and "the numpy kernel is faster" in ex.describe()
+    h.same_bits(ex.run({"x": x})["y"], make_op(node).execute([x, thresholds])[0])
+    small = x[:, :, : side // 2, : side // 2].copy()
+    model, node = one_node_model("MultiThreshold", small.shape, [thresholds], out_dtype="UINT4", out_scale=0.5)
+    check_lowered(h, model, node, small, [thresholds])
+
+
 def test_multithreshold_with_unknown_channel_count_runs_its_kernel(h):
     thresholds = np.array([[0.0], [1.0]], F32)
     model, node = one_node_model("MultiThreshold", ("N", "C"), [thresholds], out_dtype="BINARY")

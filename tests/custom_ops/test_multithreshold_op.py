@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from qonnx.custom_op.general.multithreshold import multithreshold as q_multithreshold
 
-from custom_ops import multithreshold as mt_module
 from custom_ops.multithreshold import channel_axis_of, multithreshold
 
 F32 = np.float32
@@ -71,14 +70,16 @@ def test_ties_count_and_nan_thresholds():
     np.testing.assert_array_equal(multithreshold(x, t), [[1, 0, 3, 3, 4, 3, 0, 4]])
 
 
-def test_blocked_comparison_matches_single_pass(h, monkeypatch):
+@pytest.mark.parametrize("steps", [255, 256, 300])
+def test_counts_at_the_limits_of_the_byte_counter(h, steps):
+    # up to 255 steps the hits are counted in a uint8, from 256 in a uint16: all hit and none hit included
     rng = np.random.default_rng(8)
-    t = thresholds_for(rng, 3, 255)
+    t = thresholds_for(rng, 3, steps)
     x = input_hitting(rng, (2, 3, 7, 5), t)
-    whole = multithreshold(x, t, 2.0, 1.0)
-    monkeypatch.setattr(mt_module, "_MAX_BLOCK", 7 * x.size)  # 7 thresholds per pass, the last block partial
-    h.same_bits(multithreshold(x, t, 2.0, 1.0), whole)
-    h.same_bits(whole, q_multithreshold(x, t, 2.0, 1.0))
+    x[0, :, 0, 0], x[0, :, 0, 1] = np.inf, -np.inf
+    got = multithreshold(x, t, 2.0, 1.0)
+    h.same_bits(got, q_multithreshold(x, t, 2.0, 1.0))
+    assert got[0, 0, 0, 0] == 2.0 * steps + 1.0 and got[0, 0, 0, 1] == 1.0
 
 
 def test_channel_axis_defaults():
