@@ -324,11 +324,10 @@ class Verifier:
     def _rewired(self, model: Model, nodes: Sequence[Any]) -> dict[int, tuple[Any, list[tuple[str, str]]]]:
         """Changed nodes that differ from the old node producing the same outputs only by reading other (non-constant)
         tensors: {id: (node, [(new input, old input), ...])}."""
-        before = self.snapshot.model
         cached = self.values[0]
         found: dict[int, tuple[Any, list[tuple[str, str]]]] = {}
         for node in nodes:
-            old = before.find_producer(node.outputs[0].name) if node.outputs else None
+            old = self.snapshot.producers.get(node.outputs[0].name) if node.outputs else None
             if old is None or [o.name for o in old.outputs] != [o.name for o in node.outputs]:
                 continue
             new_sig, old_sig = node_signature(node, self.fps), node_signature(old, self.fps)
@@ -409,7 +408,7 @@ class Verifier:
             return diff, []
         quantizers = []
         after_node = _quantizer_behind(model, model.find_producer(name)) if perm is None else None
-        before_node = _quantizer_behind(before, before.find_producer(name))
+        before_node = _quantizer_behind(before, self.snapshot.producers.get(name))
         if after_node is not None:
             quantizers.append((after_node, _lookup(res, old, model)))
         if before_node is not None:
