@@ -398,8 +398,11 @@ class Executor:
             shapes[name] = tuple(value.shape)
             types[name] = helper.np_dtype_to_tensor_dtype(value.dtype)
         small = {n: v for n, v in self._constants.items() if v.size <= 64}
+        outputs = [t for n in self._nodes for t in n.output if t]
         for _ in range(4):
             known = len(shapes)
+            if all(t in shapes for t in outputs):  # nothing left to infer
+                break
             self._infer_round(shapes, types, small)
             if len(shapes) == known:
                 break
