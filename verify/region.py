@@ -30,7 +30,8 @@ from finnlite.compat import IR_VERSION
 from finnlite.model import Model, is_frozen
 
 __all__ = ["Fingerprints", "Snapshot", "Change", "find_change", "run_nodes", "topo_order", "node_label",
-           "constant_tensors", "subgraph_model", "descendants", "ancestors", "hull", "structure_key", "node_signature"]
+           "constant_tensors", "subgraph_model", "descendants", "ancestors", "hull", "structure_key", "node_signature",
+           "clone_model"]
 
 
 def node_label(node: ir.Node) -> str:
@@ -42,12 +43,15 @@ def node_label(node: ir.Node) -> str:
 
 
 class Fingerprints:
-    """Content fingerprints of tensors (initializers, tensor attributes), cached by identity.
+    """Fingerprints of tensors (initializers, tensor attributes): equal fingerprints mean equal contents.
 
     A tensor read from a file (``TensorProtoTensor``) or wrapping a frozen array (:func:`finnlite.model.freeze`: every
-    initializer :meth:`Model.set_initializer` sets) cannot change without being replaced, so its fingerprint is
-    cached for good; a tensor over a writable numpy array is hashed again in each generation (:meth:`new_generation`,
-    after each pass), so that an in-place edit is still seen."""
+    initializer :meth:`Model.set_initializer` sets) cannot change without being replaced, so it is fingerprinted
+    by identity, without reading its bytes: the versions of a model share such tensors, and a replaced one gets a
+    new fingerprint (even when its contents are the same: its readers are then re-run, which costs time but never
+    hides a change). The cache holds every tensor it fingerprinted, so that no identity is reused while the
+    fingerprint is in use. A tensor over a writable numpy array is hashed (crc32 of its bytes) again in each
+    generation (:meth:`new_generation`, after each pass), so that an in-place edit is still seen."""
 
     def __init__(self) -> None:
         self._cache: dict[int, tuple[Any, tuple]] = {}
@@ -58,36 +62,41 @@ class Fingerprints:
         self._volatile.clear()
 
     def of(self, tensor: Any) -> tuple:
-        """(dtype, shape, crc32 of the bytes) of an ``onnx_ir`` tensor."""
+        """(dtype, shape, "object", identity) of an immutable ``onnx_ir`` tensor, (dtype, shape, crc32 of the
+        bytes, size) of a writable one."""
         key = id(tensor)
         for cache in (self._cache, self._volatile):
             hit = cache.get(key)
             if hit is not None and hit[0] is tensor:
                 return hit[1]
-        if isinstance(tensor, ir.TensorProtoTensor):
-            data, immutable = tensor.tobytes(), True
-        else:
-            arr = tensor.numpy()
-            immutable = is_frozen(arr)
-            data = memoryview(np.ascontiguousarray(arr)).cast("B")
+        if isinstance(tensor, ir.TensorProtoTensor) or is_frozen(tensor.numpy()):
+            fp = (str(tensor.dtype), tuple(tensor.shape), "object", key)
+            self._cache[key] = (tensor, fp)
+            return fp
+        data = memoryview(np.ascontiguousarray(tensor.numpy())).cast("B")
         fp = (str(tensor.dtype), tuple(tensor.shape), zlib.crc32(data), len(data))
-        (self._cache if immutable else self._volatile)[key] = (tensor, fp)
+        self._volatile[key] = (tensor, fp)
         return fp
 
-    def attribute(self, attr: ir.Attr) -> str:
-        """A digest of one attribute's value (tensors and graphs by content)."""
+    def attribute(self, attr: ir.Attr) -> tuple:
+        """A digest of one attribute's value (tensors by fingerprint, graphs by content)."""
         value = attr.value
         if attr.type in (ir.AttributeType.TENSOR,):
-            return repr(self.of(value))
+            return (attr.type, self.of(value))
         if attr.type in (ir.AttributeType.TENSORS,):
-            return repr([self.of(t) for t in value])
+            return (attr.type, tuple(self.of(t) for t in value))
         if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
             graphs = value if isinstance(value, Sequence) else [value]
             h = hashlib.blake2b(digest_size=16)
             for g in graphs:
                 h.update(ir.serde.serialize_graph(g).SerializeToString())
-            return h.hexdigest()
-        return f"{attr.type}:{value!r}"
+            return (attr.type, h.hexdigest())
+        digest = (attr.type, tuple(value) if isinstance(value, (list, tuple)) else value)
+        try:
+            hash(digest)
+        except TypeError:  # a value without a hash (a type proto, say): by its text
+            return (attr.type, repr(value))
+        return digest
 
 
 def node_signature(node: ir.Node, fps: Fingerprints) -> tuple:
@@ -106,15 +115,32 @@ def node_signature(node: ir.Node, fps: Fingerprints) -> tuple:
             attrs)
 
 
+def clone_model(model: Model) -> Model:
+    """A structural copy of ``model`` (new graph, nodes and values; the initializer tensors are shared). A value
+    that nodes read but nothing defines (a pass left it dangling) stays shared rather than failing the copy: the
+    check then reports it."""
+    src = model.ir
+    graph = src.graph.clone(allow_outer_scope_values=True)
+    copy = ir.Model(graph, ir_version=src.ir_version, producer_name=src.producer_name,
+                    producer_version=src.producer_version, domain=src.domain, model_version=src.model_version,
+                    doc_string=src.doc_string, functions=[f.clone() for f in src.functions.values()],
+                    metadata_props=dict(src.metadata_props))
+    if getattr(src, "device_configurations", None):
+        copy.device_configurations = src.device_configurations
+    return Model(copy, check=False)
+
+
 def structure_key(model: Model) -> int:
     """A cheap key of the graph's state: node identities, op types, attribute objects, tensor names, initializer
     tensor objects. Equal keys mean nothing was rewired, replaced or renamed (an in-place edit of an initializer's
     array is not seen; the next check's fingerprints see it)."""
     parts: list[Any] = []
-    for n in model.graph:
-        attrs = tuple((k, id(a), id(a.value)) for k, a in n.attributes.items())
-        parts.append((id(n), n.op_type, n.domain, attrs, tuple(v.name if v is not None else "" for v in n.inputs),
-                      tuple(o.name for o in n.outputs)))
+    for n in model.graph:  # list comprehensions: this runs after every pass, and generators cost twice as much
+        attrs = n.attributes
+        parts.append((id(n), n.op_type, n.domain,
+                      tuple([(k, id(a), id(a.value)) for k, a in attrs.items()]) if attrs else (),
+                      tuple([v.name if v is not None else "" for v in n.inputs]),
+                      tuple([o.name for o in n.outputs])))
     parts.append(tuple((k, id(v), id(v.const_value)) for k, v in model.graph.initializers.items()))
     parts.append(tuple(v.name for v in model.graph.inputs) + tuple(v.name for v in model.graph.outputs))
     return hash(tuple(parts))
@@ -151,9 +177,11 @@ class Snapshot:
     producers: dict[str, ir.Node] = field(default_factory=dict)
 
     @classmethod
-    def take(cls, model: Model, fps: Fingerprints, signatures: Counter | None = None) -> "Snapshot":
-        """Snapshot ``model``; ``signatures``, if given, are its node signatures (computed by :func:`find_change`)."""
-        clone = Model(model.ir.clone(), check=False)
+    def take(cls, model: Model, fps: Fingerprints, signatures: Counter | None = None, *,
+             copy: bool = True) -> "Snapshot":
+        """Snapshot ``model``; ``signatures``, if given, are its node signatures (computed by :func:`find_change`).
+        ``copy=False``: ``model`` is a private copy already, which nothing else will change (it is kept as is)."""
+        clone = clone_model(model) if copy else model
         if signatures is None:
             signatures = Counter(node_signature(n, fps) for n in clone.graph)
         writable = {}
