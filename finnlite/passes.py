@@ -340,8 +340,15 @@ class PassManager:
         self._call("after_stage", stage, model)
 
     def run(self, model: "Model") -> RunReport:
-        """Run every stage in order on ``model`` (in place) and return the record of what happened."""
+        """Run every stage in order on ``model`` (in place) and return the record of what happened. Hooks may
+        define ``after_run(model, report)``, called at the end, and ``on_error(exc)``, called when the run fails
+        (a hook may raise another error in its place, chained to it)."""
         report = RunReport()
-        for stage in self.stages:
-            self.run_stage(stage, model, report)
+        try:
+            for stage in self.stages:
+                self.run_stage(stage, model, report)
+        except BaseException as exc:
+            self._call("on_error", exc)
+            raise
+        self._call("after_run", model, report)
         return report

@@ -121,7 +121,8 @@ def bisect_pipeline(model: Any, stages: Sequence[Stage] | None = None, reference
     work = as_model(model).copy()
     reference = reference or ReferenceData.random(work, n=max(samples, 8))
     recorder = _Recorder()
-    hook = VerificationHook(reference, samples=samples, policy=policy, near_tie_rtol=near_tie_rtol)
+    # checked pass by pass in this thread: the failing pass must be the one the recorder saw last
+    hook = VerificationHook(reference, samples=samples, policy=policy, near_tie_rtol=near_tie_rtol, background=False)
     try:
         PassManager(stages, [recorder, hook]).run(work)
     except PassVerificationError as err:

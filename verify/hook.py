@@ -6,6 +6,13 @@ changed (see :mod:`verify.verifier`), under the policy the pass (or its stage) d
 saves the models before and after the pass and raises :class:`PassVerificationError` naming the pass, the first
 diverging tensor and its producing node, the largest error and the files. Float32 near-ties (:mod:`verify.ties`)
 are accepted and logged with their margins.
+
+By default the checks run on a background thread (``background=True``), so that they overlap the next passes: the
+hook hands the worker a private structural copy of each changed version (the copies share the initializer arrays,
+which :meth:`finnlite.Model.set_initializer` freezes) and the pipeline goes on. A failure is raised at the next pass
+boundary, or when the run ends (:meth:`VerificationHook.after_run`), still naming the pass that broke equivalence;
+if the pipeline itself fails first, the hook reports a pending verification failure ahead of that error
+(:meth:`VerificationHook.on_error`). ``background=False`` checks each pass before the next one starts.
 """
 
 from __future__ import annotations
@@ -14,16 +21,23 @@ import logging
 import os
 import re
 import tempfile
+import threading
 import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
+import onnx_ir as ir
 
 from finnlite.errors import VerificationError
-from finnlite.model import Model
+from finnlite.model import Model, freeze, is_frozen
 from verify.policies import DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, resolve_policy
 from verify.reference import ReferenceData
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, NearTie
+from verify.region import clone_model, structure_key
 from verify.verifier import CheckOutcome, Verifier
 
 log = logging.getLogger(__name__)
@@ -42,6 +56,20 @@ class PassVerificationError(VerificationError):
         self.pass_name, self.stage, self.iteration = pass_name, stage, iteration
         self.max_error, self.sample = max_error, sample
         self.before_path, self.after_path = before_path, after_path
+
+
+@dataclass
+class _Failure:
+    """A failed check, kept until it is raised: the version checked and everything the error names."""
+
+    version: Model
+    outcome: CheckOutcome
+    policy: Policy
+    label: str
+    pass_name: str
+    stage: str | None
+    iteration: int | None
+    runs: list[tuple[Any, Policy, int | None]] | None
 
 
 @dataclass
@@ -109,7 +137,7 @@ class VerificationHook:
 
     def __init__(self, reference: ReferenceData | None = None, *, samples: int | None = None,
                  policy: Policy = DEFAULT_POLICY, granularity: str = "pass", save_dir: str | Path | None = None,
-                 near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL) -> None:
+                 near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL, background: bool = True) -> None:
         if granularity not in ("pass", "every-pass", "stage", "off"):
             raise ValueError(f"granularity must be 'pass', 'every-pass', 'stage' or 'off', not {granularity!r}")
         self.reference = reference
@@ -118,13 +146,27 @@ class VerificationHook:
         self.granularity = granularity
         self.save_dir = Path(save_dir) if save_dir is not None else None
         self.near_tie_rtol = near_tie_rtol
+        self.background = background
         self.verifier: Verifier | None = None
-        self.records: list[CheckRecord] = []
+        self._records: list[CheckRecord] = []
         self._stage_runs: list[tuple[Any, Policy, int | None]] = []
         self.setup_seconds = 0.0
         self._failures = 0
+        self._started = False
+        self._structure: int | None = None  # structure_key of the last version handed to the checks
+        self._failure: _Failure | None = None  # the first failing check, not raised yet
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+        self._lock = threading.Lock()
+        self._copies: dict[int, tuple[Any, int, Any]] = {}  # frozen copies of writable initializers (_private_copy)
 
     # -- state -------------------------------------------------------------------------------------------------
+    @property
+    def records(self) -> list[CheckRecord]:
+        """The checks made so far (waits for the running ones)."""
+        self.wait(raise_failure=False)
+        return self._records
+
     @property
     def near_ties(self) -> list[NearTie]:
         """Every near-tie accepted so far."""
@@ -132,27 +174,102 @@ class VerificationHook:
 
     @property
     def seconds(self) -> float:
-        """Time spent verifying (setup included)."""
+        """Time spent verifying (setup included; in the background, overlapping the passes)."""
         return self.setup_seconds + sum(r.seconds for r in self.records)
 
     def start(self, model: Model) -> None:
         """Take the reference values and the snapshot of ``model`` (done by the first hook call if not before)."""
-        t0 = time.perf_counter()
+        if self._started:
+            return
+        self._started = True
         if self.reference is None:
             self.reference = ReferenceData.random(model, n=max(self.samples or 0, 8))
+        self._structure = structure_key(model)
+        self._run(self._start, self._private_copy(model))
+
+    def _start(self, version: Model) -> None:
+        t0 = time.perf_counter()
+        assert self.reference is not None
         n = self.samples or probe_samples(self.reference)
         ids = list(range(min(n, self.reference.num_samples)))
-        self.verifier = Verifier(model, self.reference, ids, near_tie_rtol=self.near_tie_rtol)
+        self.verifier = Verifier(version, self.reference, ids, near_tie_rtol=self.near_tie_rtol, private=True)
         self.setup_seconds += time.perf_counter() - t0
+
+    # -- running the checks ------------------------------------------------------------------------------------
+    def _run(self, task: Callable[..., None], *args: Any) -> None:
+        """Run ``task`` now, or queue it on the worker thread (tasks run one at a time, in order)."""
+        if not self.background:
+            task(*args)
+            self.raise_failure()
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finnlite-verify")
+        with self._lock:
+            self._pending.append(self._pool.submit(task, *args))
+        if self._failure is not None:  # an earlier check failed: stop here rather than at the end
+            self.wait()
+
+    def wait(self, raise_failure: bool = True) -> None:
+        """Wait for the queued checks; then raise the first failure (:class:`PassVerificationError`), if any and
+        ``raise_failure``. An unexpected error inside a check is re-raised as it is."""
+        while True:
+            with self._lock:
+                pending, self._pending = self._pending, []
+            if not pending:
+                break
+            for fut in pending:
+                fut.result()
+        if raise_failure:
+            self.raise_failure()
+
+    def raise_failure(self) -> None:
+        """Raise the first failing check's :class:`PassVerificationError` (saving its models), if there is one."""
+        failure, self._failure = self._failure, None
+        if failure is None:
+            return
+        error = self._error(failure)  # saves the models while the verifier still holds the version before
+        if failure.runs is not None:  # a stage check: replay its passes one by one to name the first failing one
+            assert self.verifier is not None
+            base = clone_model(self.verifier.snapshot.model)
+            log.info("stage '%s' failed its check; replaying its %d pass run(s) to find the first failing one",
+                     failure.pass_name, len(failure.runs))
+            background, self.background = self.background, False
+            try:
+                for p, pol, iteration in failure.runs:
+                    p.apply(base)
+                    self.verify(base, pol, label=f"pass '{p.name}'", pass_name=p.name, stage=failure.stage,
+                                iteration=iteration, changed=True)
+            finally:
+                self.background = background
+        raise error
+
+    def after_run(self, model: Model, report: Any = None) -> None:
+        """The pipeline finished: wait for the last checks and raise a failure."""
+        self.wait()
+
+    def on_error(self, exc: BaseException) -> None:
+        """The pipeline failed: if a check of an earlier pass fails (waiting for the queued ones), raise that
+        instead, since the broken rewrite is the likelier cause. Nothing is waited for on an interrupt."""
+        if not isinstance(exc, Exception):
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool, self._pending = None, []
+            return
+        if isinstance(exc, PassVerificationError):
+            return
+        try:
+            self.wait()
+        except PassVerificationError as failure:
+            raise failure from exc
 
     # -- the hook protocol -------------------------------------------------------------------------------------
     def before_stage(self, stage: Any, model: Model) -> None:
-        if self.granularity != "off" and self.verifier is None:
+        if self.granularity != "off":
             self.start(model)
         self._stage_runs = []
 
     def before_pass(self, p: Any, model: Model, stage: Any) -> None:
-        if self.granularity != "off" and self.verifier is None:
+        if self.granularity != "off":
             self.start(model)
 
     def after_pass(self, p: Any, model: Model, stage: Any, record: Any) -> None:
@@ -181,54 +298,74 @@ class VerificationHook:
 
     def _check_deferred(self, model: Model, stage: Any) -> None:
         """Check everything the passes recorded since the last check did, at once; on a failure, replay them one by
-        one from the last checked version to name the first failing pass."""
+        one from the last checked version to name the first failing pass (:meth:`raise_failure`)."""
         runs, self._stage_runs = self._stage_runs, []
         name = getattr(stage, "name", "?")
         policy = _union_policy([pol for _, pol, _ in runs], resolve_policy(None, stage, self.policy))
-        assert self.verifier is not None
-        try:
-            self.verify(model, policy, label=f"stage '{name}'", pass_name=name, stage=name)
-        except PassVerificationError as stage_error:
-            # a failed check leaves the verifier at the last verified version: replay the passes from a copy of it
-            base = Model(self.verifier.snapshot.model.ir.clone(), check=False)
-            log.info("stage '%s' failed its check; replaying its %d pass run(s) to find the first failing one",
-                     name, len(runs))
-            for p, pol, iteration in runs:
-                p.apply(base)
-                self.verify(base, pol, label=f"pass '{p.name}'", pass_name=p.name, stage=name, iteration=iteration,
-                            changed=True)
-            raise stage_error
+        self.verify(model, policy, label=f"stage '{name}'", pass_name=name, stage=name, runs=runs)
 
     def verify(self, model: Model, policy: Policy, *, label: str, pass_name: str, stage: str | None = None,
-               iteration: int | None = None, changed: bool = True) -> CheckRecord | None:
-        """Check ``model`` against the cached version and move on to it; raise :class:`PassVerificationError`."""
-        if self.verifier is None:
-            self.start(model)
+               iteration: int | None = None, changed: bool = True,
+               runs: list[tuple[Any, Policy, int | None]] | None = None) -> None:
+        """Check ``model`` against the last verified version and move on to it (on the worker thread in the
+        background mode; :meth:`wait` for the result); raise :class:`PassVerificationError`. ``runs``: the pass
+        runs a stage check covers (replayed on a failure)."""
+        self.start(model)
+        key = structure_key(model)
+        if not changed:
+            if key == self._structure:
+                return
+            log.warning("%s reported no change but changed the graph; verifying it", label)
+        self._structure = key
+        self._run(self._check, self._private_copy(model), policy, label, pass_name, stage, iteration, runs)
+
+    def _private_copy(self, model: Model) -> Model:
+        """A structural copy of ``model`` that the passes cannot change: it shares the frozen initializers (and
+        the ones read from the file); a writable one (set through onnx_ir, not :meth:`Model.set_initializer`) is
+        copied and frozen, and the copy is reused while the array's bytes stay the same (crc32), so that an edit
+        in place shows as a new version of that initializer."""
+        version = clone_model(model)
+        for value in version.graph.initializers.values():
+            t = value.const_value
+            if t is None or isinstance(t, ir.TensorProtoTensor):
+                continue
+            arr = t.numpy()
+            if is_frozen(arr):
+                continue
+            crc = zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
+            known = self._copies.get(id(t))
+            if known is None or known[0] is not t or known[1] != crc:
+                known = (t, crc, ir.tensor(freeze(np.array(arr)), name=t.name))
+                self._copies[id(t)] = known
+            value.const_value = known[2]
+        return version
+
+    def _check(self, version: Model, policy: Policy, label: str, pass_name: str, stage: str | None,
+               iteration: int | None, runs: list[tuple[Any, Policy, int | None]] | None) -> None:
+        if self._failure is not None:  # checks after a failure would compare against the wrong version
+            return
         v = self.verifier
         assert v is not None
-        if not changed:
-            if v.unchanged(model):
-                return None
-            log.warning("%s reported no change but changed the graph; verifying it", label)
         t0 = time.perf_counter()
-        outcome = v.check(model, policy)
+        outcome = v.check(version, policy)
         if not outcome.ok:
-            self._fail(model, outcome, policy, label=label, pass_name=pass_name, stage=stage, iteration=iteration)
-        v.accept(model, outcome)
+            self._failure = _Failure(version, outcome, policy, label, pass_name, stage, iteration, runs)
+            return
+        v.accept(version, outcome, private=True)
         change = outcome.change
-        changed = len(change.nodes) if change else len(model)
-        ran = len(outcome.region) if change else len(model)
-        rec = CheckRecord(label, stage, iteration, policy.describe(), changed, ran, time.perf_counter() - t0,
-                          outcome.near_ties, outcome.runs)
-        self.records.append(rec)
+        changed = len(change.nodes) if change else len(version)
+        ran = len(outcome.region) if change else len(version)
+        self._records.append(CheckRecord(label, stage, iteration, policy.describe(), changed, ran,
+                                         time.perf_counter() - t0, outcome.near_ties, outcome.runs))
         if outcome.near_ties:
             log.info("%s: %d float32 near-tie(s) accepted, e.g. %s", label, len(outcome.near_ties),
                      outcome.near_ties[0].describe())
-        return rec
 
-    def _fail(self, model: Model, outcome: CheckOutcome, policy: Policy, *, label: str, pass_name: str,
-              stage: str | None, iteration: int | None) -> None:
+    def _error(self, failure: "_Failure") -> "PassVerificationError":
+        """The error for a failed check, with the models before and after saved."""
         assert self.verifier is not None
+        model, outcome, policy = failure.version, failure.outcome, failure.policy
+        label, pass_name, stage, iteration = failure.label, failure.pass_name, failure.stage, failure.iteration
         self._failures += 1
         folder = self.save_dir or Path(tempfile.mkdtemp(prefix="finnlite-verify-", dir=os.environ.get(SAVE_DIR_ENV)))
         self.save_dir = folder
@@ -252,10 +389,10 @@ class VerificationHook:
             if edited:
                 text += (f" (the pass edited initializer(s) {', '.join(repr(e) for e in edited[:3])} in place: the "
                          "'before' model shows the edited values)")
-        raise PassVerificationError(text, pass_name=pass_name, stage=stage, iteration=iteration, node=outcome.node,
-                                    tensor=outcome.tensor, max_error=outcome.max_error, sample=outcome.sample,
-                                    before_path=before_path if saved else None,
-                                    after_path=after_path if saved else None)
+        return PassVerificationError(text, pass_name=pass_name, stage=stage, iteration=iteration, node=outcome.node,
+                                     tensor=outcome.tensor, max_error=outcome.max_error, sample=outcome.sample,
+                                     before_path=before_path if saved else None,
+                                     after_path=after_path if saved else None)
 
     def final_check(self, model: Model, **kwargs: Any) -> Any:
         """Compare ``model`` with the original on every reference sample (see :func:`verify.final.final_check`)."""
@@ -263,6 +400,7 @@ class VerificationHook:
 
         if self.reference is None:
             raise VerificationError("no reference data: the hook never ran")
+        self.wait()
         return final_check(self.reference, model, **kwargs)
 
     def summary(self) -> str:

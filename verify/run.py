@@ -65,7 +65,7 @@ class Overhead:
 
 
 def measure_overhead(model: Any, stages: Any, reference: ReferenceData, *, samples: int | None = None,
-                     granularity: str = "pass") -> Overhead:
+                     granularity: str = "pass", background: bool = True) -> Overhead:
     """Run the pipeline on two copies of ``model``: once plain, once with a verification hook (``samples`` and
     ``granularity`` as for :class:`~verify.hook.VerificationHook`); ``stages`` is a list of stages or a function
     returning a fresh one (passes may keep state)."""
@@ -75,7 +75,7 @@ def measure_overhead(model: Any, stages: Any, reference: ReferenceData, *, sampl
     PassManager(make(), []).run(plain)
     t_plain = time.perf_counter() - t0
     verified = Model(model.to_proto() if isinstance(model, Model) else model, check=False)
-    hook = VerificationHook(reference, samples=samples, granularity=granularity)
+    hook = VerificationHook(reference, samples=samples, granularity=granularity, background=background)
     t0 = time.perf_counter()
     PassManager(make(), [hook]).run(verified)
     t_verified = time.perf_counter() - t0

@@ -31,7 +31,7 @@ from verify.compare import TensorDiff, compare_tensor, is_integer_tensor, quant_
 from verify.policies import Metric, Policy
 from verify.reference import ReferenceData
 from verify.region import (Change, Fingerprints, Snapshot, ancestors, constant_tensors, descendants, find_change, hull,
-                           node_label, node_signature, run_nodes, structure_key, topo_order)
+                           node_label, node_signature, run_nodes, topo_order)
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, QUANTIZER_OPS, NearTie, split_near_ties
 
 log = logging.getLogger(__name__)
@@ -131,14 +131,14 @@ class Verifier:
     Used by :class:`VerificationHook` and by :mod:`verify.bisect`."""
 
     def __init__(self, model: Model, reference: ReferenceData, samples: Sequence[int], *,
-                 near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL) -> None:
+                 near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL, private: bool = False) -> None:
+        """``private``: ``model`` is a copy that nothing else changes (kept as the snapshot, not cloned again)."""
         self.reference = reference
         self.sample_ids = list(samples)
         self.near_tie_rtol = near_tie_rtol
         self.fps = Fingerprints()
         self.values = self._full_values(model, initial=True)
-        self.snapshot = Snapshot.take(model, self.fps)
-        self.structure = structure_key(model)
+        self.snapshot = Snapshot.take(model, self.fps, copy=not private)
 
     # -- cache -------------------------------------------------------------------------------------------------
     def _full_values(self, model: Model, initial: bool = False) -> list[dict[str, np.ndarray]]:
@@ -148,10 +148,6 @@ class Verifier:
 
         ex = Executor(model.to_proto())
         return [ex.run(self.reference.sample(i), return_all=True) for i in self.sample_ids]
-
-    def unchanged(self, model: Model) -> bool:
-        """True if ``model`` has the snapshot's structure (a cheap test for passes that report no change)."""
-        return structure_key(model) == self.structure
 
     def _float64(self, sample_index: int, name: str) -> Callable[[], np.ndarray | None]:
         def get() -> np.ndarray | None:
@@ -443,8 +439,9 @@ class Verifier:
         return CheckOutcome(True, metric_values=self._full_values(model))
 
     # -- moving on ---------------------------------------------------------------------------------------------
-    def accept(self, model: Model, outcome: CheckOutcome) -> None:
-        """Make ``model`` the cached version (after a successful :meth:`check`)."""
+    def accept(self, model: Model, outcome: CheckOutcome, *, private: bool = False) -> None:
+        """Make ``model`` the cached version (after a successful :meth:`check`); ``private`` as for the
+        constructor."""
         if outcome.metric_values is not None:
             self.values = outcome.metric_values
         elif outcome.change is not None:
@@ -458,5 +455,4 @@ class Verifier:
                     if name in outcome.keep:
                         vals[name] = np.ascontiguousarray(np.transpose(vals[name], np.argsort(perm)))
         signatures = outcome.change.signatures if outcome.change is not None and outcome.change.signatures else None
-        self.snapshot = Snapshot.take(model, self.fps, signatures)
-        self.structure = structure_key(model)
+        self.snapshot = Snapshot.take(model, self.fps, signatures, copy=not private)

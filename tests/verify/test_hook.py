@@ -579,3 +579,55 @@ def test_a_layout_sensitive_reader_left_unchanged_is_caught() -> None:
     with pytest.raises(PassVerificationError, match="pass 'ToNHWCForgetful'") as info:
         PassManager([Stage("lower", [broken])], [VerificationHook(ReferenceData.random(model, n=2))]).run(model)
     assert (info.value.node, info.value.tensor) == ("conv2", "out")
+
+
+# -- checks on the background thread -------------------------------------------------------------------------------
+class Crash(Transformation):
+    """A pass that fails on any graph (as a later pass may on a graph a wrong rewrite broke)."""
+
+    def apply(self, model):
+        raise RuntimeError("this pass cannot handle the graph")
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_failure_names_its_pass_though_later_passes_ran(background: bool) -> None:
+    from tests.verify.test_wrong_rewrites import AddSelf
+
+    model = add_relu()
+    hook = VerificationHook(ReferenceData.random(model, n=2), background=background)
+    ran: list[str] = []
+
+    class Later(Transformation):
+        def apply(self, model):
+            ran.append("later")
+            return False
+
+    with pytest.raises(PassVerificationError, match=r"pass 'AddSelf' .*broke equivalence") as info:
+        PassManager([Stage("a", [CommuteAdd, AddSelf, Later]), Stage("b", [Later])], [hook]).run(model)
+    assert info.value.pass_name == "AddSelf" and info.value.node == "add0"
+    assert [r.label for r in hook.records] == ["pass 'CommuteAdd'"]  # nothing after the failure was accepted
+    if not background:
+        assert ran == []  # checked before the next pass started
+
+
+def test_a_pending_failure_is_reported_ahead_of_a_later_crash() -> None:
+    from tests.verify.test_wrong_rewrites import AddSelf
+
+    model = add_relu()
+    hook = VerificationHook(ReferenceData.random(model, n=2))
+    with pytest.raises(PassVerificationError, match=r"pass 'AddSelf'") as info:
+        PassManager([Stage("a", [AddSelf, Crash])], [hook]).run(model)
+    assert isinstance(info.value.__cause__, RuntimeError)  # the crash is kept as the cause
+    clean = add_relu()
+    with pytest.raises(RuntimeError, match="cannot handle"):  # with nothing wrong before it, the crash itself
+        PassManager([Stage("a", [CommuteAdd, Crash])], [VerificationHook(ReferenceData.random(clean, n=2))]).run(clean)
+
+
+def test_background_and_foreground_checks_agree() -> None:
+    runs = []
+    for background in (True, False):
+        model = mul_multithreshold(np.float32(2.5))
+        hook = VerificationHook(ReferenceData.random(model, n=3, seed=4), background=background)
+        PassManager([Stage("s", [AbsorbPositiveMul, RenameNodes])], [hook]).run(model)
+        runs.append([(r.label, r.changed_nodes, r.region_nodes, len(r.near_ties)) for r in hook.records])
+    assert runs[0] == runs[1] and runs[0]
