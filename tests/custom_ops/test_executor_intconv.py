@@ -175,3 +175,26 @@ def test_conv_weights_dense_and_depthwise():
     wc, group = conv_weights(diag.reshape(24, 4), (2, 3), 4)
     assert group == 4 and wc.shape == (4, 1, 2, 3)
     assert wc[3, 0, 1, 2] == diag[1, 2, 3, 3]
+    for i, j in [(0, 1), (3, 2), (1, 3)]:  # one off-diagonal element anywhere makes it dense
+        off = diag.copy()
+        off[1, 0, i, j] = 1.0
+        assert conv_weights(off.reshape(24, 4), (2, 3), 4)[1] == 1
+
+
+def test_facts_of_frozen_weights_are_derived_once_and_forgotten_with_them():
+    import gc
+
+    from custom_ops import intconv
+    from finnlite.model import freeze
+
+    calls = []
+    frozen = freeze(np.arange(12, dtype=np.float32).reshape(3, 4))
+    compute = lambda: calls.append(1) or len(calls)  # noqa: E731
+    memo = intconv._FrozenMemo()
+    assert memo.get(frozen, ("x",), compute) == 1 and memo.get(frozen.view(), ("x",), compute) == 1
+    assert memo.get(frozen[1:], ("x",), compute) == 2  # another view of the memory is another key
+    writable = np.zeros(3, np.float32)
+    assert memo.get(writable, ("x",), compute) == 3 and memo.get(writable, ("x",), compute) == 4  # never kept
+    del frozen
+    gc.collect()
+    assert memo._entries == {} and memo._watched == set()
