@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from finnlite.config import Config, load_config
+from finnlite.config import DEFAULT_VERIFY_MODE, Config, load_config
 from finnlite.errors import ConfigError, VerificationError
 from finnlite.model import Model
 from finnlite.passes import PassManager, RunReport
@@ -198,7 +198,7 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
                extras: bool = True) -> StreamlineReport:
     """Run the configured pipeline on ``model`` (a :class:`finnlite.Model`, edited in place; anything else is
     loaded) with verification, and return the report (module docstring). Keyword arguments override the config:
-    ``verify`` (``off``, ``final`` — the default — or ``each``), ``inputs`` (a .npy/.npz file), ``input_range``,
+    ``verify`` (``off``, ``final`` or ``each`` — the default), ``inputs`` (a .npy/.npz file), ``input_range``,
     ``samples``, ``seed``, ``stages`` (names). ``progress`` receives one line per stage and per long step;
     ``extras=False`` skips the graph pictures and the inference cost."""
     from verify import PassVerificationError, VerificationHook, final_check, float_report
@@ -207,7 +207,7 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
     from finnlite.cost import datatype_histogram, inference_cost
 
     cfg = resolve_config(config)
-    mode = verify or cfg.verification.mode or "final"
+    mode = verify or cfg.verification.mode or DEFAULT_VERIFY_MODE
     if mode not in VERIFY_MODES:
         raise ConfigError(f"verification mode must be one of {', '.join(VERIFY_MODES)}, not '{mode}'")
     m = model if isinstance(model, Model) else Model(model)
@@ -282,17 +282,17 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
 # -- FINN build step -----------------------------------------------------------------------------------------------
 def _finn_verify_mode(cfg: Any) -> str | None:
     """The verification mode FINN's config asks for: None when ``verify_steps`` is not set (finnlite's default
-    applies), ``final`` when it lists ``streamlined_python``, ``off`` otherwise."""
+    applies, as it does when it lists ``streamlined_python``), ``off`` when it does not list it."""
     steps = getattr(cfg, "verify_steps", None)
     if steps is None:
         return None
     names = {getattr(s, "value", s) for s in steps}
-    return "final" if STREAMLINED_PYTHON in names else "off"
+    return DEFAULT_VERIFY_MODE if STREAMLINED_PYTHON in names else "off"
 
 
 def _run_step(model: Any, cfg: Any, config: Config | str | Path | Mapping[str, Any] | None) -> Any:
     conf = resolve_config(config)
-    mode = conf.verification.mode or _finn_verify_mode(cfg) or "final"
+    mode = conf.verification.mode or _finn_verify_mode(cfg) or DEFAULT_VERIFY_MODE
     inputs = None
     npy = getattr(cfg, "verify_input_npy", None)
     if mode != "off" and conf.verification.inputs is None and npy and Path(npy).is_file():

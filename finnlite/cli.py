@@ -2,7 +2,7 @@
 
 * ``finnlite streamline IN.onnx -o OUT.onnx [--config cfg.yaml] [--verify off|final|each] [--inputs x.npz]
   [--input-range LO HI] [--report report.html] [--json]`` runs the default pipeline (as configured), verifies the
-  result (default: the final check against the original), writes the model and prints a summary;
+  result (default: every pass, then the final check against the original), writes the model and prints a summary;
 * ``finnlite info MODEL`` prints the op histogram, datatypes and the inference cost;
 * ``finnlite passes`` lists the default stages and the registered passes;
 * ``finnlite exec MODEL inputs.npz`` runs the executor (the oracle) and prints or saves the outputs;
@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="where to write the streamlined model")
     p.add_argument("--config", metavar="CFG.yaml", help="configuration: stages, user passes, verification")
     p.add_argument("--verify", choices=VERIFY_MODES,
-                   help="off; final: compare the result with the original (default); each: verify every pass too")
+                   help="off; final: compare the result with the original; each (default): verify every pass too")
     _reference_options(p)
     p.add_argument("--stages", nargs="+", metavar="STAGE", help="run only these stages (in pipeline order)")
     p.add_argument("--report", metavar="REPORT.html", help="write an HTML report (histograms, graphs, timings)")

@@ -11,7 +11,7 @@ put on ``sys.path`` so that a rules module beside the config can be imported::
         stage: streamline               # the stage to add it to
         before: InferDataTypes          # optional: before or after a pass of the stage (default: at the end)
     verification:
-      mode: final                       # off | final (compare the result with the original) | each (every pass)
+      mode: each                        # off | final (compare the result with the original) | each (every pass, the default)
       samples: 8                        # random reference samples (default: fewer for large inputs)
       seed: 0
       input_range: [0.0, 1.0]           # range of the random inputs (default: the input quantizer's range)
@@ -44,6 +44,8 @@ __all__ = ["Config", "PassSpec", "VerificationConfig", "ExternalPass", "load_con
 
 #: the verification modes: none, the final check against the original, per-pass verification (and the final check)
 VERIFY_MODES = ("off", "final", "each")
+#: what runs when nothing asks otherwise: every pass is checked as it runs, then the result against the original
+DEFAULT_VERIFY_MODE = "each"
 
 _TOP_KEYS = ("stages", "modules", "passes", "verification")
 _PASS_KEYS = ("pass", "stage", "before", "after")

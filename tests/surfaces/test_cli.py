@@ -59,7 +59,7 @@ def test_streamline_success_prints_the_summary_and_writes_the_model(example_path
     text = res.stdout
     for expected in ("stages: tidy, convert, streamline, lower, restreamline, finalize", "MultiThreshold",
                      "float ops left: none (integer-only)", "datatypes (weights): INT2", "time per stage: tidy",
-                     "verification (final; 8 random samples", "input quantizer", "): OK", "float64 agrees on 8/8"):
+                     "verification (each; 8 random samples", "input quantizer", "): OK", "float64 agrees on 8/8"):
         assert expected in text, (expected, text)
     # the op table: Quant 8 -> 0, Gemm 4 -> 0, MatMul 0 -> 4
     rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if line.startswith("  ") and
@@ -113,7 +113,7 @@ def test_verification_failure_names_the_pass(example_path: Path, bad_config: Pat
 def test_final_check_failure_exits_1_and_points_to_bisect(example_path: Path, bad_config: Path,
                                                           tmp_path: Path, cli) -> None:
     out = tmp_path / "out.onnx"
-    res = cli(["streamline", example_path, "-o", out, "--config", bad_config, "--json"])
+    res = cli(["streamline", example_path, "-o", out, "--config", bad_config, "--json", "--verify", "final"])
     assert res.returncode == 1
     data = json.loads(res.stdout)
     assert data["ok"] is False and data["verification"]["failure"]["during"] == "final"
@@ -256,7 +256,7 @@ def test_console_script(example_path: Path, tmp_path: Path) -> None:
         pytest.skip("the finnlite console script is not installed (pip install -e . installs it)")
     res = run_cli(["streamline", example_path, "-o", tmp_path / "o.onnx", "-q"], script=[found])
     assert res.returncode == 0, res.stderr
-    assert "verification (final" in res.stdout and "): OK" in res.stdout
+    assert "verification (each" in res.stdout and "): OK" in res.stdout
     res = run_cli(["--nonsense"], script=[found])
     assert res.returncode == 2 and res.stderr.startswith("usage: finnlite")
 

@@ -99,7 +99,7 @@ def test_a_wrong_hidden_layer_fails_the_final_check(tmp_path: Path) -> None:
     """A bug behind the float first layer is an error, whatever near-ties that first layer meets."""
     (tmp_path / "bad_rules.py").write_text((HERE / "bad_rules.py").read_text(encoding="utf-8"), encoding="utf-8")
     cfg = Config.from_dict({"passes": [{"pass": "bad_rules:AbsThresholds", "stage": "finalize"}]}, base_dir=tmp_path)
-    rep = streamline(Model(build_tfc()), cfg)
+    rep = streamline(Model(build_tfc()), cfg, verify="final")
     assert rep.completed and not rep.ok, rep.verification.text()
     assert rep.verification.failure["during"] == "final" and rep.verification.final.outputs[0].error_samples
 
