@@ -127,8 +127,8 @@ def zoo_table() -> None:
 
 def cli_model(name: str) -> dict:
     """``finnlite streamline``'s work on one zoo model, timed in this process (run as a subprocess by
-    :func:`cli_table`): load, :func:`finnlite.build.streamline` with its defaults (the default pipeline, the final
-    check on the default number of random samples, the report's extras) and save."""
+    :func:`cli_table`): load, :func:`finnlite.build.streamline` with its defaults (the default pipeline with every
+    pass verified, the final check on the default number of random samples, the report's extras) and save."""
     from finnlite import Model
     from finnlite.build import streamline
 
@@ -146,8 +146,9 @@ def cli_model(name: str) -> dict:
 
 
 def cli_table() -> None:
-    print("== end to end as `finnlite streamline` runs it (load, pipeline, final check with the default sample count")
-    print("   for the input size, report extras, save; in-process, without the interpreter's start-up)")
+    print("== end to end as `finnlite streamline` runs it (load, pipeline with per-pass verification, final check")
+    print("   with the default sample count for the input size, report extras, save; in-process, without the")
+    print("   interpreter's start-up)")
     print(f"  {'model':<18} {'total s':>7} {'final check s':>13} {'samples':>7}")
     for name in json.loads((ZOO / "manifest.json").read_text()):
         out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--cli", name], capture_output=True,
