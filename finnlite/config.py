@@ -38,7 +38,7 @@ from typing import Any, Mapping
 import yaml
 
 from finnlite.errors import ConfigError, PassError
-from finnlite.passes import Pass, Stage, Transformation, get_pass, run_pass
+from finnlite.passes import Pass, Transformation, get_pass, run_pass
 
 __all__ = ["Config", "PassSpec", "VerificationConfig", "ExternalPass", "load_config", "VERIFY_MODES"]
 
@@ -129,8 +129,7 @@ class Config:
         from streamline.pipeline import default_stages, select_stages
 
         self.import_modules()
-        stages = [Stage(s.name, list(s.passes), s.fixpoint, s.max_iterations, s.verification)
-                  for s in default_stages()]
+        stages = [replace(s, passes=list(s.passes)) for s in default_stages()]  # every field kept
         by_name = {s.name: s for s in stages}
         for spec in self.passes:
             stage = by_name.get(spec.stage)

@@ -96,6 +96,19 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
     assert [s.name for s in cfg.build_stages()] == stage_names()
 
 
+def test_configured_stages_keep_every_field_of_the_default_ones() -> None:
+    from dataclasses import fields
+
+    from streamline.pipeline import default_stages
+
+    def described(stages):
+        return [tuple(getattr(s, f.name) for f in fields(s) if f.name != "passes") + (len(s.passes),) for s in stages]
+
+    built = Config().build_stages()
+    assert described(built) == described(default_stages())
+    assert {s.name: s.granularity for s in built}["lower"] == "stage"  # checked once: see streamline.pipeline
+
+
 def test_a_full_config(tmp_path: Path) -> None:
     shutil.copy(HERE / "bad_rules.py", tmp_path / "bad_rules.py")
     (tmp_path / "ref.npz").write_bytes(b"")
