@@ -45,8 +45,8 @@ _SAME_RANGE = {"Identity", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsque
 class _FrozenMemo:
     """Facts computed from a constant that cannot change (:func:`finnlite.model.is_frozen`: every initializer the
     model sets), kept while its memory lives. The verifier builds an executor for every check and the final check
-    one more, each over the same lowered weights (118 MB of them for MobileNet-v1): the integer test and the Conv
-    weights are then derived once per weight instead of once per executor. Other arrays are not remembered."""
+    one more, each over the same lowered weights (118 MB of them for MobileNet-v1): the integer test (a few passes
+    over each weight) then runs once per weight instead of once per executor. Other arrays are not remembered."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple, Any] = {}
@@ -234,17 +234,11 @@ def fuse_im2col_matmul(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], 
     return fused
 
 
-def _read_only(result: tuple[np.ndarray, int]) -> tuple[np.ndarray, int]:
-    result[0].setflags(write=False)  # shared by every executor that lowers this weight
-    return result
-
-
 def _lower(im2col: onnx.NodeProto, matmul: onnx.NodeProto, op: Any, w: np.ndarray, channels: int,
            ctx: LoweringContext) -> Lowering:
     """Transpose(NHWC→NCHW) → [Pad with the pad value] → Conv → Transpose(NCHW→NHWC) → Add(+0)."""
     em = _Emitter(im2col, ctx)
-    kernel = tuple(op.kernel_size)
-    weights, group = _MEMO.get(w, ("conv", kernel, channels), lambda: _read_only(conv_weights(w, kernel, channels)))
+    weights, group = conv_weights(w, op.kernel_size, channels)  # not remembered: a copy as large as the weight
     x = em.op("Transpose", [im2col.input[0]], perm=[0, 3, 1, 2])
     top, left, bottom, right = op.pad_amount
     pads = [top, left, bottom, right]

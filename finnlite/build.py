@@ -249,6 +249,7 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
                                   r.policy, r.changed_nodes, r.region_nodes, len(r.near_ties), r.seconds)
                          for r in hook.records]
         result.seconds += hook.seconds
+        hook.close()  # the cached tensor values are not needed by the final check: free them before it runs
         if error is not None:
             f = result.failure or {}
             result.checks.append(CheckRow(f.get("pass") or "?", f.get("stage"), f.get("iteration"), "", None, None,

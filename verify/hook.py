@@ -243,6 +243,15 @@ class VerificationHook:
                 self.background = background
         raise error
 
+    def close(self) -> None:
+        """Wait for the checks, then drop the verifier (its cached tensor values and snapshot); the records stay.
+        A later pass manager run starts a new one."""
+        self.wait(raise_failure=False)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self.verifier, self._started, self._structure, self._copies = None, False, None, {}
+
     def after_run(self, model: Model, report: Any = None) -> None:
         """The pipeline finished: wait for the last checks and raise a failure."""
         self.wait()

@@ -61,6 +61,19 @@ class Fingerprints:
         """Forget the fingerprints of writable tensors (call it after anything may have edited them: a pass)."""
         self._volatile.clear()
 
+    def retain(self, model: Model) -> None:
+        """Forget the tensors ``model`` does not hold (its initializers and tensor attributes): once no snapshot
+        holds a tensor, no signature refers to it, and keeping it would keep every replaced weight in memory.
+        ``model`` must stay alive as long as the signatures computed from it are in use (a snapshot's model does)."""
+        keep = {id(v.const_value) for v in model.graph.initializers.values() if v.const_value is not None}
+        for node in model.graph:
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.TENSOR:
+                    keep.add(id(attr.value))
+                elif attr.type == ir.AttributeType.TENSORS:
+                    keep.update(id(t) for t in attr.value)
+        self._cache = {k: hit for k, hit in self._cache.items() if k in keep}
+
     def of(self, tensor: Any) -> tuple:
         """(dtype, shape, "object", identity) of an immutable ``onnx_ir`` tensor, (dtype, shape, crc32 of the
         bytes, size) of a writable one."""

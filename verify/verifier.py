@@ -456,3 +456,4 @@ class Verifier:
                         vals[name] = np.ascontiguousarray(np.transpose(vals[name], np.argsort(perm)))
         signatures = outcome.change.signatures if outcome.change is not None and outcome.change.signatures else None
         self.snapshot = Snapshot.take(model, self.fps, signatures, copy=not private)
+        self.fps.retain(self.snapshot.model)

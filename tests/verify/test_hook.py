@@ -631,3 +631,30 @@ def test_background_and_foreground_checks_agree() -> None:
         PassManager([Stage("s", [AbsorbPositiveMul, RenameNodes])], [hook]).run(model)
         runs.append([(r.label, r.changed_nodes, r.region_nodes, len(r.near_ties)) for r in hook.records])
     assert runs[0] == runs[1] and runs[0]
+
+
+def test_replaced_weights_are_not_kept_alive_by_the_checks() -> None:
+    import gc
+    import weakref
+
+    model = _mul_mul()
+    hook = VerificationHook(ReferenceData.random(model, n=2), background=False)
+    PassManager([Stage("s", [RenameNodes])], [hook]).run(model)  # fingerprints every weight
+    old = [weakref.ref(v.const_value) for v in model.graph.initializers.values()]
+    class ReplaceWeights(Transformation):
+        """Every initializer replaced by a new array of the same values."""
+
+        def apply(self, model):
+            for name in list(model.graph.initializers):
+                model.set_initializer(name, np.array(model.get_initializer(name)))
+            return True
+
+    PassManager([Stage("s", [ReplaceWeights])], [hook]).run(model)
+    gc.collect()
+    current = {id(v.const_value) for v in model.graph.initializers.values()}
+    alive = [r() for r in old if r() is not None]
+    assert alive == []  # the replaced ones are gone
+    held = {id(t) for t, _ in hook.verifier.fps._cache.values()}
+    assert held <= {id(v.const_value) for v in model.graph.initializers.values()}
+    hook.close()
+    assert hook.verifier is None and len(hook.records) == 2
