@@ -133,7 +133,7 @@ def cli_model(name: str) -> dict:
     from finnlite.build import streamline
 
     entry = json.loads((ZOO / "manifest.json").read_text())[name]
-    _import_everything()
+    rss_base = _import_everything()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         model = Model(ZOO / entry["file"])
@@ -141,21 +141,26 @@ def cli_model(name: str) -> dict:
         model.save(Path(tmp) / "out.onnx")
         total = time.perf_counter() - t0
     v = report.verification
+    rss = _peak_rss()
     return {"name": name, "total": total, "samples": v.samples, "final": report.seconds.get("final check", 0.0),
-            "ok": report.error is None and v.final is not None and v.final.ok}
+            "ok": report.error is None and v.final is not None and v.final.ok, "rss": rss,
+            "rss_incr": rss - rss_base, "file": (ZOO / entry["file"]).stat().st_size}
 
 
 def cli_table() -> None:
     print("== end to end as `finnlite streamline` runs it (load, pipeline with per-pass verification, final check")
     print("   with the default sample count for the input size, report extras, save; in-process, without the")
     print("   interpreter's start-up)")
-    print(f"  {'model':<18} {'total s':>7} {'final check s':>13} {'samples':>7}")
+    print(f"  {'model':<18} {'total s':>7} {'final check s':>13} {'samples':>7} {'RSS MB':>6} {'+MB':>5} {'+/file':>6}")
     for name in json.loads((ZOO / "manifest.json").read_text()):
         out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--cli", name], capture_output=True,
                              text=True, cwd=REPO, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"  {name:<18} {r['total']:7.2f} {r['final']:13.2f} {r['samples']:>7}"
-              f"{'' if r['ok'] else '  VERIFICATION FAILED'}")
+        print(f"  {name:<18} {r['total']:7.2f} {r['final']:13.2f} {r['samples']:>7} {r['rss'] / 1e6:6.0f} "
+              f"{r['rss_incr'] / 1e6:5.0f} {r['rss_incr'] / r['file']:5.1f}x{'' if r['ok'] else '  VERIFICATION FAILED'}")
+    print("  (per-pass verification keeps every tensor of the current model version on one sample, and each check")
+    print("  runs part of the model: its memory comes on top of the pipeline's; --verify final runs as in the")
+    print("  table above)")
 
 
 def verification_overhead() -> None:
