@@ -49,9 +49,10 @@ class Fingerprints:
     initializer :meth:`Model.set_initializer` sets) cannot change without being replaced, so it is fingerprinted
     by identity, without reading its bytes: the versions of a model share such tensors, and a replaced one gets a
     new fingerprint (even when its contents are the same: its readers are then re-run, which costs time but never
-    hides a change). The cache holds every tensor it fingerprinted, so that no identity is reused while the
-    fingerprint is in use. A tensor over a writable numpy array is hashed (crc32 of its bytes) again in each
-    generation (:meth:`new_generation`, after each pass), so that an in-place edit is still seen."""
+    hides a change). The cache holds the tensors it fingerprinted, so that no identity is reused while a
+    fingerprint is in use, until :meth:`retain` keeps only those of the current snapshot (which holds them itself).
+    A tensor over a writable numpy array is hashed (crc32 of its bytes) again in each generation
+    (:meth:`new_generation`, after each pass), so that an in-place edit is still seen."""
 
     def __init__(self) -> None:
         self._cache: dict[int, tuple[Any, tuple]] = {}
