@@ -228,7 +228,9 @@ class Stage:
     how per-pass verification checks this stage by default: ``"pass"`` (None: each pass that changed something)
     or ``"stage"`` (what all its passes changed, at once, at its end; a failure is replayed pass by pass to name
     the first failing one). ``"stage"`` pays off when consecutive passes each rewrite the whole network, so that
-    every per-pass check would run all of it (see :class:`verify.hook.VerificationHook`)."""
+    every per-pass check would run all of it (see :class:`verify.hook.VerificationHook`). ``check_after``: with
+    ``"stage"``, names of passes after which what the stage changed so far is checked at once, without waiting for
+    the end (a background check then overlaps the stage's remaining passes)."""
 
     name: str
     passes: Sequence[Pass | type[Pass] | str]
@@ -236,6 +238,7 @@ class Stage:
     max_iterations: int = 100
     verification: Any = None
     granularity: str | None = None
+    check_after: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if self.granularity not in (None, "pass", "stage"):

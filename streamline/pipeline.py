@@ -59,8 +59,9 @@ def default_stages() -> list[Stage]:
         Stage("tidy", TIDY_PASSES),
         Stage("convert", CONVERT_PASSES),
         Stage("streamline", streamline_passes(), fixpoint=True),
-        # LowerConvsToMatMul and ConvertToNHWC each rewrite every layer: checked together, the network runs once
-        Stage("lower", LOWER_PASSES, granularity="stage"),
+        # LowerConvsToMatMul and ConvertToNHWC each rewrite every layer: checked together, the network runs once,
+        # and as soon as ConvertToNHWC is done (that check then overlaps the stage's remaining passes)
+        Stage("lower", LOWER_PASSES, granularity="stage", check_after=("ConvertToNHWC",)),
         Stage("restreamline", streamline_passes(), fixpoint=True),
         Stage("finalize", [InferDataTypes, RoundAndClipThresholds, RemoveDeadNodes, InferDataTypes]),
     ]

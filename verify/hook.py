@@ -288,6 +288,8 @@ class VerificationHook:
         iteration = getattr(record, "iteration", None)
         if self._per_stage(stage) and not isinstance(policy, Metric):
             self._stage_runs.append((p, policy, iteration))
+            if p.name in getattr(stage, "check_after", ()):
+                self._check_deferred(model, stage, upto=p.name)
             return
         if self._stage_runs:  # a metric pass inside a deferred stage: check what came before it first
             self._check_deferred(model, stage)
@@ -305,13 +307,15 @@ class VerificationHook:
             return self.granularity == "stage"
         return getattr(stage, "granularity", None) == "stage"
 
-    def _check_deferred(self, model: Model, stage: Any) -> None:
+    def _check_deferred(self, model: Model, stage: Any, upto: str | None = None) -> None:
         """Check everything the passes recorded since the last check did, at once; on a failure, replay them one by
-        one from the last checked version to name the first failing pass (:meth:`raise_failure`)."""
+        one from the last checked version to name the first failing pass (:meth:`raise_failure`). ``upto``: the
+        pass of a ``check_after`` checkpoint that triggered the check (None at the stage's end)."""
         runs, self._stage_runs = self._stage_runs, []
         name = getattr(stage, "name", "?")
         policy = _union_policy([pol for _, pol, _ in runs], resolve_policy(None, stage, self.policy))
-        self.verify(model, policy, label=f"stage '{name}'", pass_name=name, stage=name, runs=runs)
+        label = f"stage '{name}'" + (f" up to '{upto}'" if upto else "")
+        self.verify(model, policy, label=label, pass_name=name, stage=name, runs=runs)
 
     def verify(self, model: Model, policy: Policy, *, label: str, pass_name: str, stage: str | None = None,
                iteration: int | None = None, changed: bool = True,

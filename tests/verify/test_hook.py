@@ -380,6 +380,20 @@ def test_stage_granularity_checks_once_and_replays_to_name_the_pass() -> None:
     assert (info.value.pass_name, info.value.stage, info.value.node) == ("AddSelf", "mixed", "renamed_Add_0")
 
 
+def test_a_stage_checkpoint_checks_what_came_before_it_at_once() -> None:
+    from tests.verify.test_wrong_rewrites import AddSelf
+
+    model = add_relu()
+    hook = VerificationHook(ReferenceData.random(model, n=2))
+    stage = Stage("s", [CommuteAdd, RenameNodes, CommuteAdd, RenameNodes], granularity="stage",
+                  check_after=("RenameNodes",))
+    PassManager([stage], [hook]).run(model)
+    assert [r.label for r in hook.records] == ["stage 's' up to 'RenameNodes'"] * 2
+    bad = Stage("b", [CommuteAdd, RenameNodes, AddSelf, CommuteAdd], granularity="stage", check_after=("RenameNodes",))
+    with pytest.raises(PassVerificationError, match=r"pass 'AddSelf' \(stage 'b'\) broke equivalence"):
+        PassManager([bad], [hook]).run(model)
+
+
 def test_granularity_off_checks_nothing() -> None:
     from tests.verify.test_wrong_rewrites import AddSelf
 
