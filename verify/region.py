@@ -124,7 +124,7 @@ def node_signature(node: ir.Node, fps: Fingerprints) -> tuple:
             ins.append((v.name, fps.of(v.const_value)))
         else:
             ins.append((v.name,))
-    attrs = tuple(sorted((k, fps.attribute(a)) for k, a in node.attributes.items()))
+    attrs = tuple(sorted([(k, fps.attribute(a)) for k, a in _items(node.attributes)]))
     return (node.domain or "", node.op_type, node.overload or "", tuple(ins), tuple(o.name for o in node.outputs),
             attrs)
 
@@ -144,6 +144,13 @@ def clone_model(model: Model) -> Model:
     return Model(copy, check=False)
 
 
+def _items(mapping: Any) -> Any:
+    """``mapping.items()``, through the plain dict of a ``UserDict`` (onnx_ir's attribute and initializer
+    containers): its items view iterates in C, where the ``Mapping`` one runs a Python generator per item."""
+    data = getattr(mapping, "data", None)
+    return data.items() if isinstance(data, dict) else mapping.items()
+
+
 def structure_key(model: Model) -> int:
     """A cheap key of the graph's state: node identities, op types, attribute objects, tensor names, initializer
     tensor objects. Equal keys mean nothing was rewired, replaced or renamed (an in-place edit of an initializer's
@@ -152,10 +159,10 @@ def structure_key(model: Model) -> int:
     for n in model.graph:  # list comprehensions: this runs after every pass, and generators cost twice as much
         attrs = n.attributes
         parts.append((id(n), n.op_type, n.domain,
-                      tuple([(k, id(a), id(a.value)) for k, a in attrs.items()]) if attrs else (),
+                      tuple([(k, id(a), id(a.value)) for k, a in _items(attrs)]) if attrs else (),
                       tuple([v.name if v is not None else "" for v in n.inputs]),
                       tuple([o.name for o in n.outputs])))
-    parts.append(tuple((k, id(v), id(v.const_value)) for k, v in model.graph.initializers.items()))
+    parts.append(tuple([(k, id(v), id(v.const_value)) for k, v in _items(model.graph.initializers)]))
     parts.append(tuple(v.name for v in model.graph.inputs) + tuple(v.name for v in model.graph.outputs))
     return hash(tuple(parts))
 
