@@ -392,16 +392,12 @@ class VerificationHook:
         except Exception as exc:  # noqa: BLE001 - a broken graph may not serialize; the error still stands
             saved = False
             log.warning("could not save the models of the failing check: %s", exc)
-        edited = self.verifier.snapshot.edited_in_place(self.verifier.fps)
         where = ""
         if stage and stage != pass_name:
             where = f" (stage '{stage}'" + (f", round {iteration}" if iteration else "") + ")"
         text = f"{label}{where} broke equivalence under {policy.describe()}: {outcome.message}"
         if saved:
             text += f"; models before and after saved to {before_path} and {after_path}"
-            if edited:
-                text += (f" (the pass edited initializer(s) {', '.join(repr(e) for e in edited[:3])} in place: the "
-                         "'before' model shows the edited values)")
         return PassVerificationError(text, pass_name=pass_name, stage=stage, iteration=iteration, node=outcome.node,
                                      tensor=outcome.tensor, max_error=outcome.max_error, sample=outcome.sample,
                                      before_path=before_path if saved else None,

@@ -187,14 +187,12 @@ def constant_tensors(model: Model) -> set[str]:
 @dataclass
 class Snapshot:
     """A copy of one version of the model: a structural clone sharing the initializer tensors (O(nodes)), the
-    multiset of node signatures, the interface (input names/types/shapes, output names), the fingerprints of
-    the shared tensors that could still be edited in place (see :meth:`edited_in_place`), and the producer of each
+    multiset of node signatures, the interface (input names/types/shapes, output names) and the producer of each
     tensor (the clone does not change: a name it lacks needs no index rebuild, as ``Model.find_producer`` does)."""
 
     model: Model
     signatures: Counter
     interface: tuple
-    writable: dict[str, tuple[Any, tuple]] = field(default_factory=dict)
     producers: dict[str, ir.Node] = field(default_factory=dict)
 
     @classmethod
@@ -205,18 +203,8 @@ class Snapshot:
         clone = clone_model(model) if copy else model
         if signatures is None:
             signatures = Counter(node_signature(n, fps) for n in clone.graph)
-        writable = {}
-        for name, v in clone.graph.initializers.items():
-            t = v.const_value
-            if t is not None and not isinstance(t, ir.TensorProtoTensor) and not is_frozen(t.numpy()):
-                writable[name] = (t, fps.of(t))
         producers = {o.name: n for n in clone.graph for o in n.outputs if o.name}
-        return cls(clone, signatures, _interface(clone), writable, producers)
-
-    def edited_in_place(self, fps: Fingerprints) -> list[str]:
-        """Initializers shared with the live model whose content changed since the snapshot (a pass edited the
-        array in place): the snapshot shows the edited values for them."""
-        return [name for name, (t, fp) in self.writable.items() if fps.of(t) != fp]
+        return cls(clone, signatures, _interface(clone), producers)
 
 
 @dataclass

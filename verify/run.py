@@ -40,6 +40,7 @@ def verified_run(model: Model, stages: Sequence[Stage], reference: ReferenceData
     reference = reference or ReferenceData.random(model, n=8)
     hook = VerificationHook(reference, **hook_options)
     report = PassManager(stages, [hook]).run(model)
+    hook.close()  # the cached tensor values are not needed by the final check: free them before it runs
     final = final_check(reference, model)
     if raise_on_final:
         final.raise_for_errors()
