@@ -46,7 +46,7 @@ def remove_unused_initializers(model: "Model") -> int:
     """Remove initializers that nothing reads and that are not graph outputs; returns how many."""
     unused = [name for name, v in model.graph.initializers.items() if not v.uses() and not v.is_graph_output()]
     for name in unused:
-        model.graph.initializers.pop(name)
+        model.del_initializer(name)
     return len(unused)
 
 

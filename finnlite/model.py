@@ -322,8 +322,11 @@ class Model:
         return self.set_initializer(self.make_new_valueinfo_name(prefix), array)
 
     def del_initializer(self, name: str) -> None:
-        """Remove initializer ``name`` (its uses, if any, are left dangling: remove them first)."""
-        self.graph.initializers.pop(name, None)
+        """Remove initializer ``name`` (its uses, if any, are left dangling: remove them first). The name index
+        keeps a bare stand-in for it, not the value, so that the array is freed with it."""
+        v = self.graph.initializers.pop(name, None)
+        if v is not None and self._values.get(name) is v:
+            self._values[name] = ir.Value(name=name)
 
     # -- graph queries -------------------------------------------------------------------------------------
     def find_producer(self, name: str) -> ir.Node | None:
@@ -597,19 +600,28 @@ def forget_removed_io(graph: ir.Graph) -> None:
 #: tensors read from a proto with up to this many elements get a proto of their own (see :func:`detach_tensors`)
 DETACH_ELEMENTS = 1 << 14
 
+#: element types whose tensors read from a proto become numpy arrays (plain numpy dtypes: the array round-trips)
+_ARRAY_TYPES = {ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.INT8, ir.DataType.UINT8,
+                ir.DataType.INT16, ir.DataType.UINT16, ir.DataType.INT32, ir.DataType.UINT32, ir.DataType.INT64,
+                ir.DataType.UINT64, ir.DataType.BOOL}
+
 
 def detach_tensors(model: ir.Model) -> None:
-    """Give the small constants read from a ModelProto (biases, scales, shapes: initializers and Constant values
-    of the main graph) protos of their own. onnx_ir keeps such a tensor as a view of the loaded ModelProto, and
-    with protobuf's upb backend any view keeps the whole message alive: one surviving shape constant kept all the
-    weights of the file in memory after the pipeline had replaced them (44.8 MB for resnet18_4w4a_ts). The large
-    ones (the weights) stay views: copying them would cost time, and the pipeline replaces them."""
+    """Make the constants read from a ModelProto (initializers and Constant values of the main graph) independent of
+    it, so that the loaded message is freed as soon as loading ends. onnx_ir keeps such a tensor as a view of the
+    message, and with protobuf's upb backend any view keeps the whole message alive (every weight of the file), and
+    every read of a view's data copies it. Large numeric tensors (the weights) become frozen numpy arrays
+    (:func:`freeze`), which everything else then shares without copies: the reference snapshot, the executors,
+    the verifier. Small ones (biases, scales, shapes) and other element types get protos of their own."""
     def detached(t: Any) -> Any:
-        if isinstance(t, ir.serde.TensorProtoTensor) and t.size <= DETACH_ELEMENTS:
-            proto = onnx.TensorProto()
-            proto.CopyFrom(t.raw)
-            return ir.serde.TensorProtoTensor(proto)
-        return t
+        if not isinstance(t, ir.serde.TensorProtoTensor):
+            return t
+        if t.size > DETACH_ELEMENTS and t.dtype in _ARRAY_TYPES:
+            return ir.Tensor(freeze(t.numpy()), dtype=t.dtype, name=t.name, doc_string=t.doc_string or None,
+                             metadata_props=dict(t.metadata_props) or None)
+        proto = onnx.TensorProto()
+        proto.CopyFrom(t.raw)
+        return ir.serde.TensorProtoTensor(proto)
 
     for v in model.graph.initializers.values():
         if v.const_value is not None:

@@ -78,7 +78,8 @@ class Miss:
 class Rule(Transformation):
     """A local rewrite: ``match(model, node)`` returns a match (any truthy object) or a :class:`Miss`/None, and
     ``rewrite(model, match)`` performs the edit. ``apply`` visits every node once in graph order, skipping nodes
-    removed by earlier rewrites of the same round.
+    removed by earlier rewrites of the same round; initializers the visited node read that a rewrite leaves unused
+    are removed at once (as the next cleanup would).
 
     ``max_rewrites`` limits how many rewrites one ``apply`` performs (used by bisection to find the first bad
     rewrite); ``rewrites`` counts them, ``misses`` records failed conditions of the last ``apply``; ``on_rewrite``,
@@ -117,11 +118,23 @@ class Rule(Transformation):
             m = self.match(model, node)
             if not m or isinstance(m, Miss):
                 continue
+            consts = [v for v in node.inputs if v is not None and v.is_initializer()]
             self.rewrite(model, m)
             self.rewrites += 1
+            _drop_unused_initializers(model, consts)
             if self.on_rewrite is not None:
                 self.on_rewrite(self, model, m)
         return self.rewrites > 0
+
+
+def _drop_unused_initializers(model: "Model", values: list["ir.Value"]) -> None:
+    """Remove those of ``values`` that are initializers of ``model`` nothing reads (and not graph outputs), and empty
+    the list: a weight a rewrite replaced goes now rather than at the next cleanup, so that a pass replacing every
+    weight (quantizer folding, conv lowering) holds one layer twice at a time, not the whole network."""
+    for v in values:
+        if not v.uses() and not v.is_graph_output() and model.graph.initializers.get(v.name) is v:
+            model.del_initializer(v.name)
+    values.clear()
 
 
 # -- registry ------------------------------------------------------------------------------------------------

@@ -213,4 +213,4 @@ def drop_if_unused(model: "Model", *values: ir.Value | None) -> None:
     rewrite does not leave the constants it replaced behind."""
     for v in values:
         if v is not None and v.is_initializer() and not v.uses() and not v.is_graph_output():
-            model.graph.initializers.pop(v.name, None)
+            model.del_initializer(v.name)

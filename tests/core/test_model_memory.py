@@ -43,16 +43,16 @@ def test_cleanup_releases_removed_constants_and_lookups_are_unchanged():
     assert model.value("c0") is not None and model.get_initializer("c0") is not None
 
 
-def test_small_constants_read_from_a_proto_do_not_view_it():
-    """A small constant left in the graph must not keep the loaded ModelProto (and so every weight) alive: after
-    detaching, small initializers and Constant values have protos of their own; large weights stay views."""
+def test_constants_read_from_a_proto_do_not_view_it():
+    """No constant left in the graph may keep the loaded ModelProto (and so every weight) alive: after detaching,
+    small initializers and Constant values have protos of their own, and large weights are frozen numpy arrays."""
     import onnx_ir as ir
     from onnx import numpy_helper
 
     from finnlite.compat import make_model
-    from finnlite.model import DETACH_ELEMENTS, detach_tensors
+    from finnlite.model import DETACH_ELEMENTS, detach_tensors, is_frozen
 
-    big = np.ones((DETACH_ELEMENTS + 1,), np.float32)
+    big = np.arange(DETACH_ELEMENTS + 1, dtype=np.float32)
     nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array([3.0], np.float32))),
              helper.make_node("Add", ["x", "small"], ["a"]), helper.make_node("Mul", ["a", "k"], ["b"]),
              helper.make_node("Add", ["b", "big"], ["y"])]
@@ -60,18 +60,37 @@ def test_small_constants_read_from_a_proto_do_not_view_it():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [big.size])],
                               [numpy_helper.from_array(np.array([2.0], np.float32), "small"),
                                numpy_helper.from_array(big, "big")])
+    graph.initializer[1].doc_string = "the weight"
     proto = make_model(graph, custom_opset=None)
     model = ir.serde.deserialize_model(proto)
     detach_tensors(model)
     inits = model.graph.initializers
     const = next(n for n in model.graph if n.op_type == "Constant").attributes["value"].value
-    # change the source message: views follow it, detached copies do not
+    weight = inits["big"].const_value
+    assert isinstance(weight, ir.Tensor) and is_frozen(weight.numpy()) and weight.numpy() is weight.numpy()
+    assert weight.name == "big" and weight.doc_string == "the weight" and weight.dtype == ir.DataType.FLOAT
+    # change the source message: nothing read from it follows
     proto.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([5.0], np.float32), "small"))
     proto.graph.initializer[1].CopyFrom(numpy_helper.from_array(big * 7, "big"))
     proto.graph.node[0].attribute[0].t.CopyFrom(numpy_helper.from_array(np.array([9.0], np.float32)))
     assert inits["small"].const_value.numpy().tolist() == [2.0]
     assert const.numpy().tolist() == [3.0]
-    assert inits["big"].const_value.numpy()[0] == 7.0
+    np.testing.assert_array_equal(weight.numpy(), big)
+
+
+def test_a_loaded_model_frees_the_message_it_was_read_from(tmp_path):
+    """After loading, no tensor of the model refers to the parsed ModelProto: its weights are arrays of their own."""
+    import onnx_ir as ir
+
+    path = tmp_path / "m.onnx"
+    Model(chain_model(3)).save(path)
+    model = Model(path)
+    model.set_initializer("w_big", np.ones(1 << 16, np.float32))
+    model.save(path)
+    loaded = Model(path)
+    tensors = [v.const_value for v in loaded.graph.initializers.values()]
+    assert not any(isinstance(t, ir.serde.TensorProtoTensor) and t.size > 1 << 14 for t in tensors)
+    assert isinstance(loaded.graph.initializers["w_big"].const_value, ir.Tensor)
 
 
 def test_streamed_save_writes_the_bytes_of_the_serialized_model(tmp_path):
@@ -127,3 +146,59 @@ def test_streamed_save_falls_back_when_a_size_is_mispredicted(tmp_path, monkeypa
     monkeypatch.setattr(model_io.ir.serde, "serialize_tensor", lying)
     model.save(tmp_path / "m.onnx")
     assert (tmp_path / "m.onnx").read_bytes() == expected
+
+
+def test_a_rule_frees_each_weight_it_replaces_before_the_pass_ends():
+    """A rewrite that replaces a node's weight leaves it unused: Rule.apply removes it at once (as the next
+    cleanup would), so a pass over every layer holds one layer twice at a time, not the whole network."""
+    import onnx_ir as ir
+
+    from finnlite.passes import Rule
+
+    model = Model(chain_model(1))
+    x = model.graph.inputs[0]
+    w1, w2 = np.ones((8, 8), np.float32), np.full((8, 8), 2.0, np.float32)
+    model.set_initializer("w1", w1)
+    model.set_initializer("w2", w2)
+    h = ir.Value(name="h")
+    y = ir.Value(name="y2")
+    model.graph.append(ir.Node("", "MatMul", [x, model.value("w1")], outputs=[h], name="mm1"))
+    model.graph.append(ir.Node("", "MatMul", [h, model.value("w2")], outputs=[y], name="mm2"))
+    model.graph.outputs.append(y)
+    weak = {"w1": weakref.ref(w1), "w2": weakref.ref(w2)}
+    del w1, w2
+
+    class Negate(Rule):
+        op_types = ("MatMul",)
+
+        def match(self, model, node):
+            return node
+
+        def rewrite(self, model, node):
+            old = node.inputs[1]
+            node.replace_input_with(1, model.add_initializer(-model.get_initializer(old.name), prefix="neg"))
+
+    freed = []
+
+    def after(rule, model, node):
+        gc.collect()
+        freed.append(sorted(name for name, ref in weak.items() if ref() is None))
+
+    rule = Negate()
+    rule.on_rewrite = after
+    assert rule.apply(model)
+    assert freed == [["w1"], ["w1", "w2"]]
+    assert not model.is_initializer("w1") and model.value("w1") is None
+
+
+def test_del_initializer_frees_the_array_and_lookups_stay_right():
+    model = Model(chain_model(2))
+    big = np.arange(1 << 16, dtype=np.float32)
+    ref = weakref.ref(big)
+    model.set_initializer("spare", big)
+    del big
+    assert model.value("spare") is not None
+    model.del_initializer("spare")
+    gc.collect()
+    assert ref() is None and model.value("spare") is None and model.get_initializer("spare") is None
+    assert model.value("c0") is not None
