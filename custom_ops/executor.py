@@ -304,7 +304,7 @@ class Executor:
                            if t in self._constants and t not in produced})
             outputs = [t for b in batch for t in b[2]]
             step = RegionStep(region_nodes, [], outputs, consts, self._opset_imports, self._functions,
-                              [b[3] for b in batch], self.threads)
+                              [b[3] for b in batch], self.threads, arena=False)  # run once: see session_options
             env: dict[str, np.ndarray] = {}
             try:
                 step.run(env)
@@ -316,7 +316,7 @@ class Executor:
                     item.update({t: env[t] if t in env else self._constants[t] for n in item_nodes
                                  for t in node_inputs(n) if t in env or t in self._constants})
                     RegionStep(item_nodes, [], item_outputs, item, self._opset_imports, self._functions, [label],
-                               self.threads).run(env)
+                               self.threads, arena=False).run(env)
             for t in outputs:
                 self._constants[t] = self._const(env[t])
             batch.clear()
@@ -367,7 +367,7 @@ class Executor:
         node = self._as_dtype(node)
         consts = {t: self._constants[t] for t in node_inputs(node)}
         return RegionStep([node], [], [t for t in node.output if t], consts, self._opset_imports, self._functions,
-                          [label], self.threads)
+                          [label], self.threads, arena=False)
 
     def _as_dtype(self, node: onnx.NodeProto) -> onnx.NodeProto:
         """``node`` as it runs in this executor's dtype: in float64 mode a Cast to float32 casts to float64 and a

@@ -80,10 +80,13 @@ def value_info_dims(vi: onnx.ValueInfoProto) -> tuple[int | None, ...] | None:
 
 
 # -- onnxruntime ----------------------------------------------------------------------------------------------
-def session_options(threads: int | None = None) -> Any:
+def session_options(threads: int | None = None, *, arena: bool = True) -> Any:
     """The onnxruntime options of every region: graph optimizations off and no prepacking of constant weights —
     the settings measured bit-exact to per-node execution (see :mod:`custom_ops.executor`); ``threads`` intra-op
-    threads (onnxruntime's default when None — keep it for bit-exactness with qonnx, which uses the default)."""
+    threads (onnxruntime's default when None — keep it for bit-exactness with qonnx, which uses the default).
+    ``arena=False``: no memory arena (memory only, results unchanged), for a session run once whose outputs are
+    kept, such as constant folding: its outputs (the folded weights) would otherwise grow the process-wide arena
+    by their size for good."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -96,7 +99,10 @@ def session_options(threads: int | None = None) -> Any:
     # without it that session runs 40% slower for no lower peak
     opts.enable_mem_pattern = False
     no_spinning(opts)
-    shared_arena(opts)
+    if arena:
+        shared_arena(opts)
+    else:
+        opts.enable_cpu_mem_arena = False
     if threads is not None:
         opts.intra_op_num_threads = threads
     return opts
@@ -140,13 +146,13 @@ def shared_arena(opts: Any) -> Any:
     return opts
 
 
-def make_session(model: onnx.ModelProto, threads: int | None = None) -> Any:
+def make_session(model: onnx.ModelProto, threads: int | None = None, *, arena: bool = True) -> Any:
     """An onnxruntime CPU session for a region model, with :func:`session_options` (looked up at call time, so a
     study can swap it)."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(model.SerializeToString(), sess_options=session_options(threads),
-                                providers=["CPUExecutionProvider"])
+    opts = session_options(threads) if arena else session_options(threads, arena=False)
+    return ort.InferenceSession(model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 # -- steps ----------------------------------------------------------------------------------------------------
@@ -161,10 +167,11 @@ class RegionStep:
 
     def __init__(self, nodes: list[onnx.NodeProto], inputs: list[str], produced: list[str],
                  constants: dict[str, np.ndarray], opsets: Sequence[onnx.OperatorSetIdProto],
-                 functions: Sequence[onnx.FunctionProto], labels: list[str], threads: int | None) -> None:
+                 functions: Sequence[onnx.FunctionProto], labels: list[str], threads: int | None, *,
+                 arena: bool = True) -> None:
         self.nodes, self.inputs, self.produced, self.outputs = nodes, inputs, produced, list(produced)
         self.constants, self.opsets, self.functions = constants, opsets, functions
-        self.labels, self.threads = labels, threads
+        self.labels, self.threads, self.arena = labels, threads, arena
         self._session: Any = None
         self._fed: dict[str, np.ndarray] = {}
 
@@ -209,7 +216,7 @@ class RegionStep:
         if self._session is None:
             self._fed = self.large_constants()
             try:
-                self._session = make_session(self.model(feeds, feed_large=True), self.threads)
+                self._session = make_session(self.model(feeds, feed_large=True), self.threads, arena=self.arena)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
                 raise OpError(f"onnxruntime cannot build a session for {self.describe()}: {exc}",
                               node=self.labels[0]) from exc
