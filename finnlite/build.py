@@ -227,6 +227,10 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
         reference, result.reference = make_reference(m, cfg, inputs=inputs, input_range=input_range,
                                                      samples=samples, seed=seed)
         result.samples = reference.num_samples
+        # what the checks need of the original, computed now; then its weights leave memory for the run
+        from verify.hook import probe_samples
+
+        reference.precompute(values=probe_samples(reference) if mode == "each" else 0)
         seconds["reference"] = time.perf_counter() - t0
         if progress is not None:
             progress(f"reference data: {result.reference}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import onnx
@@ -217,6 +217,26 @@ def _check_target(path: Path) -> Path:
     return folder
 
 
+def to_proto_without(model: ir.Model, names: Iterable[str]) -> onnx.ModelProto:
+    """``to_proto(model)`` without the main graph's initializers ``names``: they are serialized as data-less
+    stand-ins and dropped, so their data is neither copied nor serialized (the model is left as it was)."""
+    values = [v for name in names if (v := model.graph.initializers.get(name)) is not None
+              and v.const_value is not None]
+    tensors = [v.const_value for v in values]
+    try:
+        for v, t in zip(values, tensors):
+            v.const_value = ir.ExternalTensor("finnlite-stand-in", 0, 0, t.dtype, shape=t.shape, name=v.name)
+        proto = to_proto(model)
+    finally:
+        for v, t in zip(values, tensors):
+            v.const_value = t
+    dropped = {v.name for v in values}
+    kept = [t for t in proto.graph.initializer if t.name not in dropped]
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(kept)
+    return proto
+
+
 def _skeleton(model: ir.Model) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes], list[Any]]:
     """The serialized model without the main graph's initializers, cut where they go: ``(model fields before the
     graph, graph fields before the initializers)``, ``(graph fields after them, model fields after the graph)``,
@@ -224,13 +244,7 @@ def _skeleton(model: ir.Model) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]
     order, as protobuf serializes them."""
     values = [v for v in model.graph.initializers.values() if v.const_value is not None]
     tensors = [v.const_value for v in values]
-    try:  # data-less stand-ins while serializing; removed from the proto below
-        for v, t in zip(values, tensors):
-            v.const_value = ir.ExternalTensor("finnlite-stand-in", 0, 0, t.dtype, shape=t.shape, name=v.name)
-        proto = to_proto(model)
-    finally:
-        for v, t in zip(values, tensors):
-            v.const_value = t
+    proto = to_proto_without(model, [v.name for v in values])
     for v, t in zip(values, tensors):
         t.name = v.name  # as serialization does
     del proto.graph.initializer[:]

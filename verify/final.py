@@ -196,21 +196,14 @@ def _executor(model: Model, names: list[str], dtype: Any = np.float32) -> Any:
     while it is built, none now (float32; a float64 executor converts them, once)."""
     from custom_ops.executor import Executor
 
-    large = {name: v for name, v in model.graph.initializers.items()
+    from finnlite.io import to_proto_without
+
+    large = {name: v.const_value for name, v in model.graph.initializers.items()
              if v.const_value is not None and v.const_value.size >= _FEED_ELEMENTS}
-    saved = {name: v.const_value for name, v in large.items()}
-    try:  # serialize the rest: the large ones as data-less stand-ins, dropped from the proto below
-        for name, v in large.items():
-            t = saved[name]
-            v.const_value = ir.ExternalTensor("finnlite-in-memory", 0, 0, t.dtype, shape=t.shape, name=name)
-        proto = _with_outputs(model, names)
-    finally:
-        for name, v in large.items():
-            v.const_value = saved[name]
-    kept = [t for t in proto.graph.initializer if t.name not in saved]
-    del proto.graph.initializer[:]
-    proto.graph.initializer.extend(kept)
-    return Executor(proto, dtype=dtype, constants={name: t.numpy() for name, t in saved.items()})
+    proto = to_proto_without(model.ir, large)
+    have = {o.name for o in proto.graph.output}
+    proto.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names if name not in have)
+    return Executor(proto, dtype=dtype, constants={name: t.numpy() for name, t in large.items()})
 
 
 def _slice(arr: np.ndarray, i: int, b0: int) -> np.ndarray:

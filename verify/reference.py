@@ -6,11 +6,19 @@ not reach it), holds N input samples stacked along the batch axis, and caches wh
 demand, every intermediate tensor. Inputs come from a stated range and seed (:meth:`ReferenceData.random`) or from
 the user's ``.npy``/``.npz`` files (:meth:`ReferenceData.load`); user data is validated against the model's inputs
 (names, shapes, dtypes, finiteness, integer datatypes) with errors that say what is wrong.
+
+Memory: the snapshot shares the model's frozen weight arrays (a weight the pipeline replaces stays alive only
+through the snapshot). :meth:`ReferenceData.precompute` computes with one executor what the checks will ask of the
+original (its float32 outputs, and every tensor on the samples the per-pass checks use), then moves the original's
+weights to an unlinked temporary file: they are memory-mapped back only when the original has to run again (float64
+runs and near-tie analysis after a mismatch), so the original costs no memory while the pipeline runs.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -19,7 +27,7 @@ import onnx
 
 from finnlite.datatypes import BaseDataType, is_integer_type
 from finnlite.errors import ConfigError
-from finnlite.model import Model, as_model
+from finnlite.model import Model, as_model, freeze, is_frozen
 from finnlite.passes import fingerprint
 from verify.compare import fits_datatype
 
@@ -62,41 +70,75 @@ def _input_specs(model: Model) -> list[InputSpec]:
     return specs
 
 
+def _split(model: Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The model as a ModelProto without its large initializers, and those as read-only arrays: the model's own
+    frozen arrays where it has them (no copy), else frozen copies. An executor given them as ``constants`` uses them
+    as they are, where from a ModelProto it would copy them (44.8 MB each for resnet18_4w4a_ts)."""
+    import onnx_ir as ir
 
-def _copy_fields(src: Any, dst: Any, special: str, fill: Any) -> Any:
-    """``dst`` with every set field of the message ``src`` copied, except field ``special``, which
-    ``fill(dst, value)`` fills instead."""
-    for fd, value in src.ListFields():
-        if fd.name == special:
-            fill(dst, value)
-        elif fd.is_repeated:
-            getattr(dst, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
-    return dst
-
-
-def _without_large_initializers(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """``proto`` without its large initializers (a new message; ``proto`` is not changed), and those as arrays:
-    an executor given them as ``constants`` uses them as they are, where from a ModelProto it would copy the whole
-    message and then every weight into arrays (44.8 MB each for resnet18_4w4a_ts)."""
-    from onnx import numpy_helper
-
+    from finnlite.io import to_proto_without
     from verify.region import _FEED_ELEMENTS
 
-    def elements(t: onnx.TensorProto) -> int:
-        return int(np.prod(t.dims, dtype=np.int64)) if t.dims else 1
+    large: dict[str, np.ndarray] = {}
+    for name, v in model.graph.initializers.items():
+        t = v.const_value
+        if t is None or t.size < _FEED_ELEMENTS or t.dtype == ir.DataType.STRING:
+            continue
+        arr = t.numpy()
+        if isinstance(t, ir.serde.TensorProtoTensor):
+            large[name] = freeze(arr)  # a fresh array of the proto's bytes
+        else:
+            large[name] = arr if is_frozen(arr) else freeze(np.array(arr))
+    return to_proto_without(model.ir, large), large
 
-    large = {t.name for t in proto.graph.initializer if elements(t) >= _FEED_ELEMENTS
-             and t.data_location != onnx.TensorProto.EXTERNAL and t.data_type != onnx.TensorProto.STRING}
-    if not large:
-        return proto, {}
-    graph = _copy_fields(proto.graph, onnx.GraphProto(), "initializer",
-                         lambda g, inits: g.initializer.extend(t for t in inits if t.name not in large))
-    model = _copy_fields(proto, onnx.ModelProto(), "graph", lambda m, _: m.graph.CopyFrom(graph))
-    return model, {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer if t.name in large}
+
+class _Weights:
+    """The original model's large initializers, shared by a ReferenceData and its subsets: in memory, or (after
+    :meth:`spill`) in an unlinked temporary file, memory-mapped back by :meth:`arrays` for as long as the arrays
+    it returns are alive."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self._arrays = arrays
+        self._file: Any = None
+        self._layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
+
+    @property
+    def spilled(self) -> bool:
+        return self._file is not None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The weights by name, as read-only arrays."""
+        if self._file is None:
+            return dict(self._arrays)
+        if not self._layout:
+            return {}
+        mapped = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        return {name: np.frombuffer(mapped, dtype, count=int(np.prod(shape, dtype=np.int64)), offset=offset)
+                .reshape(shape) for name, (offset, dtype, shape) in self._layout.items()}
+
+    def spill(self) -> bool:
+        """Write the weights to an unlinked temporary file and drop them from memory; False (kept in memory, with a
+        warning) if the file cannot be written."""
+        if self._file is not None or not self._arrays:
+            return self._file is not None
+        layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
+        try:
+            fh = tempfile.TemporaryFile(prefix="finnlite-original-")
+            offset = 0
+            for name, arr in self._arrays.items():
+                pad = (-offset) % 64
+                fh.write(b"\0" * pad)
+                offset += pad
+                np.ascontiguousarray(arr).tofile(fh)
+                layout[name] = (offset, arr.dtype, tuple(arr.shape))
+                offset += arr.nbytes
+            fh.flush()
+        except OSError as exc:
+            log.warning("could not move the original model's weights to a temporary file (%s); they stay in memory",
+                        exc)
+            return False
+        self._file, self._layout, self._arrays = fh, layout, {}
+        return True
 
 
 class ReferenceData:
@@ -110,14 +152,11 @@ class ReferenceData:
     def __init__(self, model: Any, inputs: Mapping[str, np.ndarray] | np.ndarray, *, source: str = "arrays") -> None:
         m = as_model(model)
         self.source = source
-        full = m.to_proto()
-        self._order = [t.name for t in full.graph.initializer]
-        # the snapshot: the model without its large initializers, and those as read-only arrays, which the
-        # executors use as they are (a ModelProto would be copied into arrays by each of them)
-        self._proto, self._large = _without_large_initializers(full)
-        del full
-        for arr in self._large.values():
-            arr.setflags(write=False)
+        self._order = [name for name in m.graph.initializers]
+        # the snapshot: the model without its large initializers, and those as read-only arrays shared with the
+        # model (the pipeline replaces weights, it never edits them), which the executors use as they are
+        self._proto, large = _split(m)
+        self._weights = _Weights(large)
         self._shared: dict[str, Any] = {}  # the full snapshot, assembled on demand (shared with subsets)
         self._fingerprint = fingerprint(m)
         self.specs = _input_specs(m)
@@ -278,7 +317,7 @@ class ReferenceData:
         new = object.__new__(ReferenceData)
         new.source = f"{self.source}[{idx[0]}..]" if idx else self.source
         new._proto, new._fingerprint, new.specs = self._proto, self._fingerprint, self.specs
-        new._order, new._large, new._shared = self._order, self._large, self._shared
+        new._order, new._weights, new._shared = self._order, self._weights, self._shared
         new.num_samples = len(idx)
         samples = [self.sample(i) for i in idx]
         scalar = {s.name for s in self.specs if s.shape is not None and len(s.shape) == 0}
@@ -304,9 +343,10 @@ class ReferenceData:
         full = onnx.ModelProto()
         full.CopyFrom(self._proto)
         small = {t.name: t for t in self._proto.graph.initializer}
+        large = self._weights.arrays()
         del full.graph.initializer[:]
-        full.graph.initializer.extend(numpy_helper.from_array(self._large[name], name) if name in self._large
-                                      else small[name] for name in self._order)
+        full.graph.initializer.extend(numpy_helper.from_array(large[name], name) if name in large
+                                      else small[name] for name in self._order if name in large or name in small)
         return full
 
     def original(self) -> Model:
@@ -325,7 +365,7 @@ class ReferenceData:
 
         key = np.dtype(dtype).name
         if key not in self._executors:
-            self._executors[key] = Executor(self._proto, dtype=dtype, constants=self._large)
+            self._executors[key] = Executor(self._proto, dtype=dtype, constants=self._weights.arrays())
         return self._executors[key]
 
     def outputs(self, dtype: Any = np.float32) -> dict[str, np.ndarray]:
@@ -342,6 +382,26 @@ class ReferenceData:
         if key not in self._values:
             self._values[key] = self.executor(dtype).run(self.sample(i), return_all=True)
         return self._values[key]
+
+    def take_values(self, i: int, dtype: Any = np.float32) -> dict[str, np.ndarray]:
+        """Like :meth:`values`, but the caller takes the dict: it is dropped from the cache (the verifier keeps and
+        edits its own, and the original's tensors are then not held twice over a run)."""
+        key = (np.dtype(dtype).name, i)
+        if key in self._values:
+            return self._values.pop(key)
+        return self.executor(dtype).run(self.sample(i), return_all=True)
+
+    def precompute(self, values: int = 0, *, spill: bool = True) -> None:
+        """Compute now, with one float32 executor of the original, its outputs on every sample and (for per-pass
+        verification) every tensor on the first ``values`` samples; then drop that executor and its folded
+        constants and, with ``spill``, move the original's weights out of memory (module docstring). Nothing
+        changes in what the other methods return; after a spill they read the weights back from the file."""
+        self.outputs(np.float32)
+        for i in range(min(values, self.num_samples)):
+            self.values(i)
+        self._executors.pop(np.dtype(np.float32).name, None)
+        if spill:
+            self._weights.spill()
 
     def __repr__(self) -> str:
         return f"<ReferenceData {self.source}: {self.num_samples} samples of {[s.name for s in self.specs]}>"

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from finnlite.model import Model
 from finnlite.passes import PassManager, RunReport, Stage
 from verify.final import FinalCheck, final_check
-from verify.hook import VerificationHook
+from verify.hook import VerificationHook, probe_samples
 from verify.reference import ReferenceData
 
 __all__ = ["VerifiedRun", "verified_run", "Overhead", "measure_overhead"]
@@ -38,6 +38,7 @@ def verified_run(model: Model, stages: Sequence[Stage], reference: ReferenceData
     on every reference sample; a failing pass raises :class:`~verify.hook.PassVerificationError`, a failing final
     check :class:`~finnlite.errors.VerificationError` (unless ``raise_on_final`` is False)."""
     reference = reference or ReferenceData.random(model, n=8)
+    reference.precompute(values=hook_options.get("samples") or probe_samples(reference))
     hook = VerificationHook(reference, **hook_options)
     report = PassManager(stages, [hook]).run(model)
     hook.close()  # the cached tensor values are not needed by the final check: free them before it runs

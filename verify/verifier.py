@@ -143,7 +143,7 @@ class Verifier:
     # -- cache -------------------------------------------------------------------------------------------------
     def _full_values(self, model: Model, initial: bool = False) -> list[dict[str, np.ndarray]]:
         if initial and self.reference.describes(model):
-            return [dict(self.reference.values(i)) for i in self.sample_ids]
+            return [self.reference.take_values(i) for i in self.sample_ids]
         from custom_ops.executor import Executor
 
         ex = Executor(model.to_proto())

@@ -110,3 +110,68 @@ def test_results_are_cached_and_the_original_is_a_snapshot() -> None:
     sub = ref.subset([3, 1])
     assert sub.num_samples == 2 and sub.original_proto is ref.original_proto
     np.testing.assert_array_equal(sub.outputs()["out"], out32["out"][[3, 1]])
+
+
+def _weighted_model():
+    """A MatMul model whose weight is large enough to be kept as an array (not serialized into the snapshot)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from finnlite import Model
+    from finnlite.compat import make_model
+    from verify.region import _FEED_ELEMENTS
+
+    k, n = 256, _FEED_ELEMENTS // 256 + 1
+    rng = np.random.default_rng(0)
+    w = rng.integers(-3, 4, size=(k, n)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+                              [numpy_helper.from_array(w, "w")])
+    return Model(make_model(graph, custom_opset=None)), w
+
+
+def test_the_snapshot_shares_the_models_frozen_weights_and_ignores_later_replacements() -> None:
+    model, w = _weighted_model()
+    ref = ReferenceData.random(model, n=3, seed=1)
+    assert np.shares_memory(ref._weights.arrays()["w"], model.get_initializer("w"))
+    before = ref.outputs()["y"].copy()
+    model.set_initializer("w", -w)  # the pipeline replaces weights; the reference keeps the original's
+    ref._outputs.clear()
+    np.testing.assert_array_equal(ref.outputs()["y"], before)
+
+
+def test_precompute_spills_the_weights_and_every_result_stays_the_same() -> None:
+    model, _ = _weighted_model()
+    plain = ReferenceData.random(model, n=3, seed=1)
+    ref = ReferenceData.random(model, n=3, seed=1)
+    ref.precompute(values=2)
+    assert ref._weights.spilled and not ref._weights._arrays and not ref._executors
+    np.testing.assert_array_equal(ref.outputs()["y"], plain.outputs()["y"])
+    taken = ref.take_values(1)
+    assert (np.dtype(np.float32).name, 1) not in ref._values  # handed over, not kept
+    np.testing.assert_array_equal(taken["h"], plain.values(1)["h"])
+    # after the spill the original runs again from the file: same results in float32 and float64
+    np.testing.assert_array_equal(ref.values(2)["h"], plain.values(2)["h"])
+    np.testing.assert_array_equal(ref.outputs(np.float64)["y"], plain.outputs(np.float64)["y"])
+    mapped = ref._weights.arrays()["w"]
+    assert not mapped.flags.writeable
+    np.testing.assert_array_equal(mapped, plain._weights.arrays()["w"])
+    assert ref.original_proto.SerializeToString() == plain.original_proto.SerializeToString()
+    np.testing.assert_array_equal(ref.subset([2]).outputs()["y"], plain.outputs()["y"][2:])
+
+
+def test_a_failed_spill_keeps_the_weights_in_memory(monkeypatch) -> None:
+    import tempfile
+
+    model, w = _weighted_model()
+    ref = ReferenceData.random(model, n=2, seed=1)
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    ref.precompute()
+    assert not ref._weights.spilled
+    np.testing.assert_array_equal(ref._weights.arrays()["w"], w)
+    np.testing.assert_array_equal(ref.outputs(np.float64)["y"], ReferenceData.random(model, n=2, seed=1)
+                                  .outputs(np.float64)["y"])
