@@ -32,16 +32,26 @@ FINN_MLP_S = {3: 1.3, 12: 14.0, 24: 61.0}
 
 def _import_everything() -> int:
     """Import every module the pipeline imports (some only on first use: onnxruntime, the executor, the convert
-    and lower stages) and return the peak RSS so far in bytes: the fixed cost of the interpreter and libraries
-    (about 120 MB), which no change to the pipeline removes. The model's own cost is the peak above it."""
+    and lower stages), then warm the libraries up on a tiny model built in code (a 1-layer MLP of 8 units: loaded,
+    run by the executor, streamlined), and return the peak RSS so far in bytes: the fixed cost of the interpreter
+    and libraries (about 140 MB, of which about 18 MB is the libraries' one-time initialisation on first use: the
+    first onnxruntime session, lazily imported modules), which no change to the pipeline removes. The model's own
+    cost is the peak above it."""
     import onnxruntime  # noqa: F401 - imported by the executor on first use
 
     import custom_ops.executor  # noqa: F401
     import finnlite.cleanup  # noqa: F401
-    from streamline.pipeline import default_stages
+    from custom_ops.executor import Executor
+    from finnlite import Model
+    from finnlite.examples import build_mlp
+    from streamline.pipeline import default_stages, streamline_model
 
     default_stages()  # imports the convert, lower and finalize passes
     np.random.default_rng(0)
+    tiny = Model(build_mlp(1, 8))
+    x = {n: np.zeros(tiny.get_tensor_shape(n), np.float32) for n in tiny.input_names}
+    Executor(tiny.to_proto()).run(x)
+    streamline_model(tiny)
     return _peak_rss()
 
 
@@ -76,6 +86,9 @@ def one_model(name: str) -> dict:
     t["load"] = time.perf_counter() - t0
     lo, hi = entry["input_range"]
     ref = ReferenceData.random(model, n=8, seed=0, low=lo, high=hi)
+    t0 = time.perf_counter()
+    ref.precompute()  # as `finnlite streamline` does: the original's outputs now, then its weights leave memory
+    t_reference = time.perf_counter() - t0
     nodes_before = len(model)
     stages = default_stages()
     t0 = time.perf_counter()
@@ -86,7 +99,7 @@ def one_model(name: str) -> dict:
     t["streamline"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     ok = final_check(ref, model, float64="mismatch").ok
-    t["verify"] = time.perf_counter() - t0
+    t["verify"] = time.perf_counter() - t0 + t_reference
     del ref  # as in `finnlite streamline`: the reference data and its executors are gone before the model is saved
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -121,8 +134,9 @@ def zoo_table() -> None:
               f"{r['incr_per_file']:5.1f}x {r['nodes_before']:>4}->{r['nodes_after']:<4}"
               f"  {finn_text:>15}{'' if r['ok'] else '  VERIFICATION FAILED'}")
     print("  targets: mobilenet_v1_4b and resnet18_4w4a_ts end to end < 5 s, cnv_2w2a < 1 s; peak memory < 3x the file")
-    print("  (RSS MB: peak RSS of the process; +MB: the peak above the RSS after importing everything, before loading")
-    print("  the model, i.e. without the interpreter and libraries (about 120 MB); +/file: +MB over the file size)")
+    print("  (RSS MB: peak RSS of the process; +MB: the peak above the RSS after importing everything and warming the")
+    print("  libraries up on a tiny MLP, before loading the model, i.e. without the interpreter and libraries (about")
+    print("  140 MB); +/file: +MB over the file size)")
 
 
 def cli_model(name: str) -> dict:
