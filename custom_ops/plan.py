@@ -72,6 +72,30 @@ def node_inputs(node: onnx.NodeProto) -> list[str]:
     return [t for t in node.input if t] + subgraph_refs(node)
 
 
+def unique_node_names(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """``nodes`` with no name used twice: onnxruntime refuses such a graph, and a node's name does not change what
+    it computes. A repeated name is given a suffix in a copy of its node (the nodes given are not changed)."""
+    names = [n.name for n in nodes]
+    if len(set(names)) == len(names):
+        return list(nodes)
+    taken = set(names)
+    seen: set[str] = set()
+    out = []
+    for node in nodes:
+        if node.name and node.name in seen:
+            k = 1
+            while f"{node.name}__{k}" in taken:
+                k += 1
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = f"{node.name}__{k}"
+            taken.add(copy.name)
+            node = copy
+        seen.add(node.name)
+        out.append(node)
+    return out
+
+
 def value_info_dims(vi: onnx.ValueInfoProto) -> tuple[int | None, ...] | None:
     """The shape of a ValueInfo (None for a symbolic dim), or None without a shape."""
     if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
@@ -197,7 +221,7 @@ class RegionStep:
         outputs = [onnx.ValueInfoProto(name=name) for name in self.outputs]
         large = self.large_constants() if feed_large else {}
         inits = [numpy_helper.from_array(value, name) for name, value in self.constants.items() if name not in large]
-        graph = helper.make_graph(self.nodes, "finnlite_region", inputs, outputs, inits)
+        graph = helper.make_graph(unique_node_names(self.nodes), "finnlite_region", inputs, outputs, inits)
         model = helper.make_model(graph, opset_imports=list(self.opsets), functions=list(self.functions))
         return fix_ir_version(model, IR_VERSION)
 

@@ -391,6 +391,30 @@ class Model:
             counts[node.op_type] = k + 1
             node.name = f"{prefix}{node.op_type}_{k}"
 
+    def make_node_names_unique(self) -> bool:
+        """Name every unnamed node ``<OpType>_<k>`` and give a repeated name a suffix ``_<k>`` (its first node
+        keeps it); names that are unique already stay, unlike :meth:`give_unique_node_names`. onnxruntime refuses a
+        graph with two nodes of one name, and rewrites name their nodes after the node they replace. True if a name
+        changed."""
+        taken = {n.name for n in self.graph if n.name}
+        seen: set[str] = set()
+        counters: dict[str, int] = {}
+        changed = False
+        for node in self.graph:
+            if node.name and node.name not in seen:
+                seen.add(node.name)
+                continue
+            base = node.name or node.op_type
+            k = counters.get(base, 0)
+            while f"{base}_{k}" in taken:
+                k += 1
+            node.name = f"{base}_{k}"
+            counters[base] = k + 1
+            taken.add(node.name)
+            seen.add(node.name)
+            changed = True
+        return changed
+
     def give_unique_tensor_names(self, prefix: str = "") -> None:
         """Rename every node output to a unique readable name (graph inputs and outputs keep theirs)."""
         used = {v.name for v in self.graph.inputs} | {v.name for v in self.graph.outputs}

@@ -31,7 +31,7 @@ from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
 from streamline.collapse import COLLAPSE_PASSES
 from streamline.datatypes import InferDataTypes
 from streamline.reorder import REORDER_PASSES
-from streamline.tidy import TIDY_PASSES
+from streamline.tidy import TIDY_PASSES, MakeNodeNamesUnique
 
 
 @register_pass(group="finalize")
@@ -63,7 +63,8 @@ def default_stages() -> list[Stage]:
         # and as soon as ConvertToNHWC is done (that check then overlaps the stage's remaining passes)
         Stage("lower", LOWER_PASSES, granularity="stage", check_after=("ConvertToNHWC",)),
         Stage("restreamline", streamline_passes(), fixpoint=True),
-        Stage("finalize", [InferDataTypes, RoundAndClipThresholds, RemoveDeadNodes, InferDataTypes]),
+        Stage("finalize", [InferDataTypes, RoundAndClipThresholds, RemoveDeadNodes, InferDataTypes,
+                           MakeNodeNamesUnique]),
     ]
 
 

@@ -30,6 +30,17 @@ class InferShapes(Transformation):
 
 
 @register_pass(group="tidy")
+class MakeNodeNamesUnique(Transformation):
+    """Name unnamed nodes ``<OpType>_<k>`` and make repeated node names unique with a suffix; unique names stay
+    (:meth:`finnlite.Model.make_node_names_unique`; qonnx's GiveUniqueNodeNames renames every node instead). Run
+    first, so that the nodes rewrites derive from distinct names get distinct names, and last, so that the result
+    loads in onnxruntime and FINN. Changes names only."""
+
+    def apply(self, model: Any) -> bool:
+        return model.make_node_names_unique()
+
+
+@register_pass(group="tidy")
 class FoldConstants(Transformation):
     """Fold standard ops whose inputs are all constant into initializers; drop dead nodes and unused initializers.
 
@@ -195,4 +206,4 @@ class SubToAdd(Rule):
 
 
 #: The tidy stage, in order.
-TIDY_PASSES = [InferShapes, FoldConstants, GemmToMatMul, ConvBiasToAdd, SubToAdd, FoldConstants, InferShapes]
+TIDY_PASSES = [MakeNodeNamesUnique, InferShapes, FoldConstants, GemmToMatMul, ConvBiasToAdd, SubToAdd, FoldConstants, InferShapes]

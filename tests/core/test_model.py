@@ -316,3 +316,17 @@ def test_to_qonnx_and_back():
     qm = m.to_qonnx()
     assert [n.op_type for n in qm.graph.node] == ["Add", "Mul"]
     assert [n.op_type for n in Model(qm).graph] == ["Add", "Mul"]
+
+
+def test_make_node_names_unique_names_the_unnamed_and_suffixes_repeats():
+    proto = chain_model(5)
+    names = ["", "n", "n", "", "n_0"]
+    for node, name in zip(proto.graph.node, names):
+        node.name = name
+    model = Model(proto)
+    assert model.make_node_names_unique()
+    got = [n.name for n in model.graph]
+    assert got[1] == "n" and got[4] == "n_0"  # unique names stay
+    assert len(set(got)) == 5 and got[0] == "Add_0" and got[3] == "Mul_0" and got[2] == "n_1"
+    assert not model.make_node_names_unique()  # nothing left to do
+    ort_session(model.to_proto())  # onnxruntime accepts the graph now

@@ -429,3 +429,15 @@ def test_constant_folding_batches_nodes_into_one_session_and_names_a_failing_one
     with pytest.raises(OpError) as err:
         Executor(bad)
     assert err.value.node == "bad_reshape"
+
+
+def test_nodes_with_one_name_run():
+    """onnxruntime refuses a graph with two nodes of one name; a node's name does not change what it computes, so
+    the executor's regions give repeated names a suffix (the model is left as it was)."""
+    nodes = [helper.make_node("Add", ["x", "c"], ["a"], name="same"),
+             helper.make_node("Mul", ["a", "c"], ["b"], name="same"),
+             helper.make_node("Relu", ["b"], ["y"], name="same")]
+    model = build(nodes, {"x": (1, 4)}, ["y"], {"c": np.full(4, 2.0, F32)})
+    x = np.arange(-2, 2, dtype=F32).reshape(1, 4)
+    np.testing.assert_array_equal(Executor(model).run({"x": x})["y"], np.maximum((x + 2) * 2, 0))
+    assert [n.name for n in model.graph.node] == ["same"] * 3

@@ -106,3 +106,31 @@ def test_tidy_on_zoo_is_exact(name):
             np.testing.assert_allclose(out[k], ref[k], rtol=1e-5, atol=1e-6)
         else:
             np.testing.assert_array_equal(out[k], ref[k])
+
+
+def test_unnamed_nodes_streamline_with_per_pass_verification_to_a_model_onnxruntime_loads():
+    """Rewrites name their nodes after the node they replace: two unnamed BatchNorms used to become two nodes
+    named '_mul', which onnxruntime refuses (the per-pass check failed). Tidy names unnamed nodes first and the
+    finalize stage makes every name unique (onnxruntime and FINN need unique names)."""
+    from finnlite.build import streamline
+
+    rng = np.random.default_rng(0)
+    inits, nodes = {}, []
+    x = "x"
+    for i in range(2):
+        for k, v in (("g", rng.uniform(0.5, 2, 4)), ("b", rng.normal(size=4)), ("m", rng.normal(size=4)),
+                     ("v", rng.uniform(0.5, 2, 4))):
+            inits[f"{k}{i}"] = v.astype(np.float32)
+        nodes.append(helper.make_node("BatchNormalization", [x, f"g{i}", f"b{i}", f"m{i}", f"v{i}"], [f"bn{i}"]))
+        inits.update({f"s{i}": np.float32(0.25), f"z{i}": np.float32(0), f"w{i}": np.float32(4)})
+        nodes.append(helper.make_node("Quant", [f"bn{i}", f"s{i}", f"z{i}", f"w{i}"], [f"q{i}"], domain=QONNX_DOMAIN,
+                                      signed=1, narrow=0, rounding_mode="ROUND"))
+        x = f"q{i}"
+    graph = helper.make_graph(nodes, "unnamed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 2, 2])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 4, 2, 2])],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = Model(make_model(graph))
+    report = streamline(model, verify="each", input_range=(-3.0, 3.0), extras=False)
+    assert report.error is None, report.error
+    names = [n.name for n in model.graph]
+    assert all(names) and len(set(names)) == len(names)
