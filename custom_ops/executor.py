@@ -76,6 +76,7 @@ from custom_ops.plan import (Kernel, KernelStep, NodeSessionStep, Plan, RegionSt
                              node_inputs, node_label, value_info_dims)
 from finnlite.compat import fix_ir_version
 from finnlite.errors import FinnliteError, GraphError, OpError
+from finnlite.tensors import DepthwiseWeight
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,10 @@ class Executor:
     regions (exact; False runs their kernels). ``batch_mode``: ``"per_item"`` or ``"vectorized"`` (see the module
     docstring). ``threads``: onnxruntime intra-op threads (its default when None; other counts may change Gemm
     rounding). ``constants``: further initializers by name, as arrays (large weights need not be serialized into
-    ``model``; a graph input of that name becomes a constant). Raises :class:`GraphError` for a malformed graph
-    and :class:`OpError` for an unknown custom op.
+    ``model``; a graph input of that name becomes a constant), or as :class:`~finnlite.tensors.DepthwiseWeight`
+    tensors, kept compact: a fused depthwise ``Im2Col → MatMul`` runs on the kernel, and the dense matrix is made
+    (once) only for a node that reads it otherwise; such a constant is left out of ``return_all`` results unless it
+    was made dense. Raises :class:`GraphError` for a malformed graph and :class:`OpError` for an unknown custom op.
     """
 
     def __init__(self, model: Any, *, dtype: Any = np.float32, lower: bool = True, batch_mode: str = "per_item",
@@ -121,9 +124,14 @@ class Executor:
         self._opset = next((o.version for o in proto.opset_import if registry.is_standard_domain(o.domain)), 0)
 
         self._constants = {t.name: self._const(numpy_helper.to_array(t)) for t in graph.initializer}
+        #: depthwise weight matrices held as their kernels (see the class docstring); made dense by _dense
+        self._sparse: dict[str, DepthwiseWeight] = {}
         for name, value in (constants or {}).items():  # further initializers, given as arrays (not serialized)
+            if isinstance(value, DepthwiseWeight):
+                self._sparse[name] = value
+                continue
             self._constants[name] = self._const(value).view()  # a view: made read-only below, the caller's is not
-        self._inputs = [vi for vi in graph.input if vi.name not in self._constants]
+        self._inputs = [vi for vi in graph.input if vi.name not in self._constants and vi.name not in self._sparse]
         self._input_shapes = {vi.name: value_info_dims(vi) for vi in self._inputs}
         self._input_dtypes = {vi.name: self._input_dtype(vi) for vi in self._inputs}
         self._outputs = [vi.name for vi in graph.output]
@@ -142,7 +150,11 @@ class Executor:
         self._lowered, self._kernels = self._classify()
         # Im2Col → MatMul pairs with small integer operands run as one Conv (exact: custom_ops.intconv)
         self._fused = (fuse_im2col_matmul(self._nodes, self._ops, self._constants,
-                                          self._lowering_context(self._shapes), self._outputs) if self.lower else {})
+                                          self._lowering_context(self._shapes), self._outputs, self._sparse)
+                       if self.lower else {})
+        for name in self._outputs:
+            if name in self._sparse:
+                self._dense(name)
         self._plans: dict[tuple[bool, bool], Plan] = {}
         self._chunk_batches = batch_mode == "per_item"
         if log.isEnabledFor(logging.DEBUG):
@@ -212,6 +224,18 @@ class Executor:
         return model
 
     # -- construction ---------------------------------------------------------------------------------------
+    def _float(self, dtype: np.dtype) -> np.dtype:
+        """The element type a constant of ``dtype`` has in this executor (float64 mode widens floats)."""
+        dtype = np.dtype(dtype)
+        return np.dtype(np.float64) if self.dtype == np.float64 and dtype.kind == "f" else dtype
+
+    def _dense(self, name: str) -> np.ndarray:
+        """Constant ``name`` as an array: a depthwise weight held compact is made dense now, once, and kept."""
+        if name not in self._constants:
+            self._constants[name] = self._const(self._sparse[name].numpy())
+            self._constants[name].setflags(write=False)
+        return self._constants[name]
+
     def _const(self, value: np.ndarray) -> np.ndarray:
         value = np.asarray(value)
         if self.dtype == np.float64 and value.dtype.kind == "f" and value.dtype != np.float64:
@@ -236,7 +260,7 @@ class Executor:
         """The nodes in topological order (stable: a sorted graph keeps its order); GraphError on a tensor
         produced twice, an input nothing produces, a graph output nothing produces, or a cycle."""
         nodes = list(graph.node)
-        available = set(self._constants) | set(self._input_shapes)
+        available = set(self._constants) | set(self._sparse) | set(self._input_shapes)
         self._names = available | {vi.name for vi in self._value_info}
         producer: dict[str, int] = {}
         for i, node in enumerate(nodes):
@@ -397,6 +421,9 @@ class Executor:
         for name, value in self._constants.items():
             shapes[name] = tuple(value.shape)
             types[name] = helper.np_dtype_to_tensor_dtype(value.dtype)
+        for name, tensor in self._sparse.items():
+            shapes[name] = tuple(int(d) for d in tensor.shape)
+            types[name] = helper.np_dtype_to_tensor_dtype(self._float(tensor.kernel.dtype))
         small = {n: v for n, v in self._constants.items() if v.size <= 64}
         outputs = [t for n in self._nodes for t in n.output if t]
         for _ in range(4):
@@ -532,6 +559,9 @@ class Executor:
 
     def _outside_step(self, i: int) -> Step:
         node, label = self._as_dtype(self._nodes[i]), node_label(self._nodes[i], i)
+        for t in node_inputs(node):  # a kernel reads its inputs from the environment: a compact weight goes dense
+            if t in self._sparse:
+                self._dense(t)
         kernel, reason = self._kernels[i]
         if kernel is None:
             return NodeSessionStep(node, label, self._opset_imports, self.threads)
@@ -558,8 +588,8 @@ class Executor:
             for t in node_inputs(n):
                 if t in produced or t in constants or t in inputs:
                     continue
-                if t in self._constants:
-                    constants[t] = self._constants[t]
+                if t in self._constants or t in self._sparse:
+                    constants[t] = self._dense(t)
                 else:
                     inputs.append(t)
         graph_tensors = [t for i in members for t in self._nodes[fused[i][0] if i in fused else i].output if t]
@@ -595,7 +625,7 @@ class Executor:
         """The user's inputs as arrays of the model's dtypes, and the batch size if it is not the model's b0."""
         for name in inputs:
             if name not in self._input_shapes:
-                if name in self._constants:
+                if name in self._constants or name in self._sparse:
                     raise GraphError("is an initializer of the model, not a data input", tensor=name)
                 raise GraphError(f"is not an input of the model (inputs: {self.input_names})", tensor=name)
         missing = [name for name in self._input_shapes if name not in inputs]
@@ -629,9 +659,10 @@ class Executor:
         return arrays, int(leading.pop())
 
     def _execute(self, arrays: dict[str, np.ndarray], batched: bool, return_all: bool) -> dict[str, np.ndarray]:
+        plan = self._plan(batched, return_all)  # first: planning may make a compact weight dense (_dense)
         env: dict[str, np.ndarray] = dict(self._constants)
         env.update(arrays)
-        self._plan(batched, return_all).execute(env)
+        plan.execute(env)
         if return_all:
             return env
         return {name: env[name] for name in self._outputs}

@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 
 from custom_ops.lowering import Lowering, LoweringContext, _Emitter
+from finnlite.tensors import DepthwiseWeight
 
 #: integers of magnitude below this are exact in float32, and so is every sum of them that stays below it
 EXACT_LIMIT = float(2 ** 24)
@@ -106,30 +107,52 @@ def _bound(r: Range) -> float:
 
 
 class _Weights:
-    """Per-constant facts, computed once: integer range, and the largest column sum of magnitudes."""
+    """Per-constant facts, computed once: integer range, and the largest column sum of magnitudes. ``sparse``:
+    depthwise weight matrices held as their kernels (:class:`~finnlite.tensors.DepthwiseWeight`), whose facts come
+    from the kernel (the dense matrix holds the kernel's values and zeros; column ``c`` holds ``kernel[c]``)."""
 
-    def __init__(self, constants: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, constants: Mapping[str, np.ndarray],
+                 sparse: Mapping[str, DepthwiseWeight] | None = None) -> None:
         self.constants = constants
+        self.sparse = sparse or {}
         self._range: dict[str, Range | None] = {}
         self._colsum: dict[str, float] = {}
 
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        if name in self.sparse:
+            return tuple(int(d) for d in self.sparse[name].shape)
+        return tuple(self.constants[name].shape) if name in self.constants else None
+
     def range(self, name: str) -> Range | None:
         if name not in self._range:
-            self._range[name] = _integer_const(self.constants[name]) if name in self.constants else None
+            if name in self.sparse:
+                t = self.sparse[name]
+                self._range[name] = _MEMO.get(t.kernel, ("integer", "dw", t.channels > 1),
+                                              lambda: _integer_range(t.element_values()))
+            else:
+                self._range[name] = _integer_const(self.constants[name]) if name in self.constants else None
         return self._range[name]
+
+    def _column_sum(self, name: str) -> float:
+        if name not in self._colsum:
+            if name in self.sparse:
+                k = self.sparse[name].column_weights()
+                self._colsum[name] = float(np.abs(k).sum(axis=1, dtype=np.float64).max(initial=0.0))
+            else:
+                w = self.constants[name]
+                self._colsum[name] = _MEMO.get(w, ("colsum",), lambda: float(
+                    np.abs(w).sum(axis=0, dtype=np.float64).max(initial=0.0)))
+        return self._colsum[name]
 
     def matmul_range(self, x: Range, name: str) -> Range | None:
         """The range of ``x @ W`` for integer ``x`` in ``x`` and the constant ``W`` named ``name``, if exact."""
-        w = self.constants.get(name)
-        wr = self.range(name) if w is not None and w.ndim == 2 else None
-        if wr is None:
+        shape = self.shape(name)
+        wr = self.range(name) if shape is not None and len(shape) == 2 else None
+        if wr is None or shape is None:
             return None
-        b = _bound(x) * w.shape[0] * _bound(wr)  # K·max|W| bounds every column sum: no pass over W if it suffices
+        b = _bound(x) * shape[0] * _bound(wr)  # K·max|W| bounds every column sum: no pass over W if it suffices
         if b >= EXACT_LIMIT:
-            if name not in self._colsum:
-                self._colsum[name] = _MEMO.get(w, ("colsum",), lambda: float(
-                    np.abs(w).sum(axis=0, dtype=np.float64).max(initial=0.0)))
-            b = _bound(x) * self._colsum[name]
+            b = _bound(x) * self._column_sum(name)
         return (-b, b) if b < EXACT_LIMIT else None
 
 
@@ -161,7 +184,7 @@ def integer_ranges(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], cons
             pad = float(ops[i].pad_value)
             out = (min(x[0], pad), max(x[1], pad)) if any(ops[i].pad_amount) else x
             out = out if _bound(out) < EXACT_LIMIT else None
-        elif op == "MatMul" and len(node.input) == 2 and node.input[1] in constants:
+        elif op == "MatMul" and len(node.input) == 2 and weights.shape(node.input[1]) is not None:
             out = weights.matmul_range(x, node.input[1])
         elif op in ("Add", "Sub", "Mul") and len(node.input) == 2:
             y = const_range(node.input[1])
@@ -179,11 +202,14 @@ def integer_ranges(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], cons
     return ranges
 
 
-def conv_weights(w: np.ndarray, kernel: Sequence[int], channels: int) -> tuple[np.ndarray, int]:
+def conv_weights(w: np.ndarray | DepthwiseWeight, kernel: Sequence[int], channels: int) -> tuple[np.ndarray, int]:
     """The ``Conv`` weights ``(Cout, Cin/group, kh, kw)`` and group count for an Im2Col weight matrix
     ``(kh·kw·Cin, Cout)`` whose rows are in (kh, kw, Cin) order: depthwise (group = C) when the matrix is
-    block-diagonal with Cin = Cout, dense otherwise."""
+    block-diagonal with Cin = Cout (a :class:`~finnlite.tensors.DepthwiseWeight`: its kernel, no copy), dense
+    otherwise."""
     kh, kw = kernel
+    if isinstance(w, DepthwiseWeight):  # row (a·kw + b)·C + c of column c is kernel position a·kw + b
+        return w.kernel.reshape(w.channels, 1, kh, kw), w.channels
     cout = w.shape[1]
     w4 = w.reshape(kh, kw, channels, cout)
     if channels == cout and channels > 1:
@@ -198,14 +224,17 @@ def conv_weights(w: np.ndarray, kernel: Sequence[int], channels: int) -> tuple[n
 
 
 def fuse_im2col_matmul(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], constants: Mapping[str, np.ndarray],
-                       ctx: LoweringContext, outputs: Sequence[str]) -> dict[int, tuple[int, Lowering, bool]]:
-    """For each ``Im2Col`` (index i) that feeds a ``MatMul`` (index j) with constant weights, and whose operands
-    have integer bounds that make the product exact: ``{i: (j, lowering, private)}``, the lowering computing the
-    MatMul's output from the Im2Col's input through one ``Conv``; ``private`` when that MatMul is the only reader
-    of the Im2Col's output and it is not a graph output (then the Im2Col need not run at all)."""
+                       ctx: LoweringContext, outputs: Sequence[str],
+                       sparse: Mapping[str, DepthwiseWeight] | None = None) -> dict[int, tuple[int, Lowering, bool]]:
+    """For each ``Im2Col`` (index i) that feeds a ``MatMul`` (index j) with constant weights (arrays in
+    ``constants``, or depthwise matrices held compact in ``sparse``), and whose operands have integer bounds that
+    make the product exact: ``{i: (j, lowering, private)}``, the lowering computing the MatMul's output from the
+    Im2Col's input through one ``Conv``; ``private`` when that MatMul is the only reader of the Im2Col's output and
+    it is not a graph output (then the Im2Col need not run at all)."""
     if ctx.dtype != np.float32 or ctx.opset < 11 or not any(n.op_type == "Im2Col" for n in nodes):
         return {}
-    weights = _Weights(constants)
+    sparse = sparse or {}
+    weights = _Weights(constants, sparse)
     ranges = integer_ranges(nodes, ops, constants, weights)
     consumers: dict[str, list[int]] = {}
     for j, node in enumerate(nodes):
@@ -223,10 +252,14 @@ def fuse_im2col_matmul(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], 
         for j in users:
             mm = nodes[j]
             if (mm.op_type != "MatMul" or len(mm.input) != 2 or mm.input[0] != node.output[0]
-                    or mm.input[1] == node.output[0] or mm.input[1] not in constants):
+                    or mm.input[1] == node.output[0] or weights.shape(mm.input[1]) is None):
                 continue
-            w = constants[mm.input[1]]
-            if (w.dtype != np.float32 or w.ndim != 2 or w.shape[0] != op.kernel_size[0] * op.kernel_size[1] * shape[3]
+            w: Any = sparse[mm.input[1]] if mm.input[1] in sparse else constants[mm.input[1]]
+            dtype = w.kernel.dtype if isinstance(w, DepthwiseWeight) else w.dtype
+            w_shape = weights.shape(mm.input[1])
+            if (dtype != np.float32 or len(w_shape) != 2
+                    or w_shape[0] != op.kernel_size[0] * op.kernel_size[1] * shape[3]
+                    or (isinstance(w, DepthwiseWeight) and w.channels != shape[3])
                     or weights.matmul_range(rng, mm.input[1]) is None):
                 continue
             fused[i] = (j, _lower(node, mm, op, w, int(shape[3]), ctx), private)
@@ -234,7 +267,7 @@ def fuse_im2col_matmul(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], 
     return fused
 
 
-def _lower(im2col: onnx.NodeProto, matmul: onnx.NodeProto, op: Any, w: np.ndarray, channels: int,
+def _lower(im2col: onnx.NodeProto, matmul: onnx.NodeProto, op: Any, w: np.ndarray | DepthwiseWeight, channels: int,
            ctx: LoweringContext) -> Lowering:
     """Transpose(NHWC→NCHW) → [Pad with the pad value] → Conv → Transpose(NCHW→NHWC) → Add(+0)."""
     em = _Emitter(im2col, ctx)

@@ -32,6 +32,7 @@ from custom_ops.common import MAX_BITWIDTH
 from finnlite.datatypes import BaseDataType, DataType, int_type
 from finnlite.model import Model, as_model
 from finnlite.shapes import const_array
+from finnlite.tensors import DepthwiseWeight
 
 __all__ = ["InferenceCost", "LayerCost", "inference_cost", "datatype_histogram", "format_count"]
 
@@ -178,12 +179,15 @@ class _Analysis:
         self._dts: dict[str, BaseDataType] = {}
         self._consts: dict[str, np.ndarray | None] = {}
 
-    def const(self, v: ir.Value | None) -> np.ndarray | None:
+    def const(self, v: ir.Value | None) -> np.ndarray | DepthwiseWeight | None:
         """The constant value of ``v``: an initializer, or a quantizer / data-movement node of constants."""
         if v is None:
             return None
         if v.name in self._consts:
             return self._consts[v.name]
+        if isinstance(v.const_value, DepthwiseWeight):  # shape and density are all a layer's cost needs of it
+            self._consts[v.name] = v.const_value
+            return v.const_value
         value = const_array(v)
         node = v.producer()
         if value is None and node is not None and node.op_type in ("Quant", "BipolarQuant", "Transpose", "Reshape",
@@ -271,9 +275,11 @@ def _shape(model: Model, v: ir.Value | None, value: np.ndarray | None = None) ->
     return tuple(int(d) for d in shape)
 
 
-def _density(value: np.ndarray | None) -> float:
+def _density(value: np.ndarray | DepthwiseWeight | None) -> float:
     if value is None or value.size == 0:
         return 1.0
+    if isinstance(value, DepthwiseWeight):
+        return value.density()
     return float(np.count_nonzero(value)) / value.size
 
 

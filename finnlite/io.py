@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from finnlite.compat import IR_VERSION, fix_ir_version
 from finnlite.errors import ModelLoadError
+from finnlite.tensors import DepthwiseWeight
 
 #: Above this many bytes a model must store its initializers as external data (protobuf's 2 GB limit).
 _PROTOBUF_LIMIT = 2**31 - 2**20
@@ -261,12 +262,17 @@ def _skeleton(model: ir.Model) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]
 
 
 def _array_parts(tensor: Any) -> tuple[bytes, int, bytes] | None:
-    """For a numpy-backed tensor, its serialized TensorProto as ``(fields before raw_data, data bytes, fields
-    after)``, made without copying the data; None for other tensors (serialized whole)."""
-    if not (isinstance(tensor, ir.Tensor) and isinstance(tensor.raw, np.ndarray) and tensor.dtype.itemsize >= 1
-            and tensor.raw.nbytes == tensor.nbytes):
+    """For a numpy-backed tensor or a :class:`~finnlite.tensors.DepthwiseWeight` (whose ``tofile`` writes the dense
+    matrix block by block), its serialized TensorProto as ``(fields before raw_data, data bytes, fields after)``,
+    made without copying the data; None for other tensors (serialized whole)."""
+    if isinstance(tensor, DepthwiseWeight):
+        dtype = tensor.kernel.dtype
+    elif (isinstance(tensor, ir.Tensor) and isinstance(tensor.raw, np.ndarray) and tensor.dtype.itemsize >= 1
+          and tensor.raw.nbytes == tensor.nbytes):
+        dtype = tensor.raw.dtype
+    else:
         return None
-    probe = ir.Tensor(np.zeros(0, tensor.raw.dtype), dtype=tensor.dtype, name=tensor.name,
+    probe = ir.Tensor(np.zeros(0, dtype), dtype=tensor.dtype, name=tensor.name,
                       doc_string=tensor.doc_string, metadata_props=dict(tensor.metadata_props))
     stub = ir.serde.serialize_tensor(probe)
     stub.ClearField("dims")

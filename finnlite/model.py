@@ -26,34 +26,13 @@ import onnx_ir as ir
 from finnlite import io as model_io
 from finnlite.datatypes import BaseDataType, DataType, parse_datatype
 from finnlite.errors import DataTypeError, GraphError, ModelLoadError
+from finnlite.tensors import DepthwiseWeight, freeze, is_frozen  # noqa: F401 - freeze, is_frozen: re-exported
 
 log = logging.getLogger(__name__)
 
 _QA_KEY = "quant_parameter_tensor_names"
 _DT_KEY = "finn_datatype"
 _LAYOUT_KEY = "tensor_layout"
-
-
-def freeze(array: np.ndarray) -> np.ndarray:
-    """Make ``array`` read-only, and every array it is a view of: an initializer's contents can then change only
-    by replacing it, which is what lets the verifier fingerprint it once (see :func:`is_frozen`). Editing an
-    initializer in place raises ``ValueError: assignment destination is read-only``; copy it first."""
-    a: Any = array
-    while isinstance(a, np.ndarray):
-        a.flags.writeable = False
-        a = a.base
-    return array
-
-
-def is_frozen(array: np.ndarray) -> bool:
-    """True if nothing can write to ``array``'s memory through numpy: it and every array it is a view of are
-    read-only, and the memory it wraps, if not an array's, is immutable (``bytes``) or absent."""
-    a: Any = array
-    while isinstance(a, np.ndarray):
-        if a.flags.writeable:
-            return False
-        a = a.base
-    return a is None or isinstance(a, bytes)
 
 
 def _np_dtype_to_ir(dtype: np.dtype) -> ir.DataType:
@@ -286,7 +265,8 @@ class Model:
 
     # -- initializers --------------------------------------------------------------------------------------
     def get_initializer(self, name: str) -> np.ndarray | None:
-        """The value of initializer ``name`` as a numpy array (a constant node output is not an initializer)."""
+        """The value of initializer ``name`` as a numpy array (a constant node output is not an initializer). A
+        :class:`~finnlite.tensors.DepthwiseWeight` gives its dense matrix, made anew on each call."""
         v = self.graph.initializers.get(name)
         if v is None or v.const_value is None:
             return None
@@ -296,10 +276,16 @@ class Model:
         """True if ``name`` is an initializer of the graph."""
         return name in self.graph.initializers
 
-    def set_initializer(self, name: str, array: np.ndarray) -> ir.Value:
+    def set_initializer(self, name: str, array: np.ndarray | DepthwiseWeight) -> ir.Value:
         """Create or replace initializer ``name`` with ``array`` (its shape and element type are updated). The
-        model takes ``array`` as it is, without a copy, and makes it read-only (:func:`freeze`)."""
-        array = freeze(np.asarray(array))
+        model takes ``array`` as it is, without a copy, and makes it read-only (:func:`freeze`). A
+        :class:`~finnlite.tensors.DepthwiseWeight` is kept in its compact form."""
+        if isinstance(array, DepthwiseWeight):
+            tensor, shape, dtype = array, list(array.shape), array.dtype
+            tensor.name = name
+        else:
+            array = freeze(np.asarray(array))
+            tensor, shape, dtype = ir.tensor(array, name=name), list(array.shape), _np_dtype_to_ir(array.dtype)
         v = self.graph.initializers.get(name)
         if v is None:
             reserved = name in self._values and self._values[name] is None
@@ -308,16 +294,16 @@ class Model:
                 raise GraphError("cannot make a node output an initializer", tensor=name)
             if v is None:
                 v = ir.Value(name=name)
-            v.const_value = ir.tensor(array, name=name)
+            v.const_value = tensor
             self.graph.register_initializer(v)
         else:
-            v.const_value = ir.tensor(array, name=name)
-        v.shape = ir.Shape(list(array.shape))
-        v.dtype = _np_dtype_to_ir(array.dtype)
+            v.const_value = tensor
+        v.shape = ir.Shape(shape)
+        v.dtype = dtype
         self._values[name] = v
         return v
 
-    def add_initializer(self, array: np.ndarray, prefix: str = "c") -> ir.Value:
+    def add_initializer(self, array: np.ndarray | DepthwiseWeight, prefix: str = "c") -> ir.Value:
         """A new initializer with a unique name holding ``array``."""
         return self.set_initializer(self.make_new_valueinfo_name(prefix), array)
 

@@ -38,6 +38,21 @@ def const_array(v: ir.Value | None) -> np.ndarray | None:
     return None
 
 
+def const_shape(v: ir.Value | None) -> tuple[int, ...] | None:
+    """The shape of ``v``'s constant value (see :func:`const_array`), read without its data; None if ``v`` is not
+    a constant."""
+    if v is None:
+        return None
+    if v.const_value is not None:
+        return tuple(int(d) for d in v.const_value.shape)
+    prod = v.producer()
+    if prod is not None and prod.op_type == "Constant" and prod.domain in ("", "ai.onnx"):
+        attr = prod.attributes.get("value")
+        if attr is not None:
+            return tuple(int(d) for d in attr.value.shape)
+    return None
+
+
 def _shape_of(v: ir.Value) -> tuple | None:
     if v.shape is not None:
         return tuple(d if isinstance(d, int) else (str(d) if d is not None and str(d) else None) for d in v.shape)

@@ -25,6 +25,7 @@ import onnx_ir as ir
 from finnlite.datatypes import BaseDataType, DataType, is_integer_type, smallest_int_type
 from finnlite.passes import Transformation, register_pass
 from finnlite.shapes import const_array
+from finnlite.tensors import DepthwiseWeight
 
 #: ops whose output holds only values of their (first) input
 _MOVE_OPS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "MaxPoolNHWC", "Identity",
@@ -195,6 +196,11 @@ def _cache(model: Any) -> _ConstCache:
     return cache
 
 
+def _element_values(t: Any) -> np.ndarray:
+    """The values of tensor ``t`` (for a depthwise weight, the values its dense matrix holds: same range)."""
+    return t.element_values() if isinstance(t, DepthwiseWeight) else t.numpy()
+
+
 def _weight_tensor(node: ir.Node) -> Any:
     v = node.inputs[1] if len(node.inputs) > 1 else None
     return v.const_value if v is not None else None
@@ -209,7 +215,7 @@ def infer_ranges(model: Any) -> dict[str, Range]:
         ranges[v.name] = Range.of_datatype(model.get_tensor_datatype(v.name))
     for name, v in model.graph.initializers.items():
         t = v.const_value
-        ranges[name] = cache.get(t, "range", lambda t=t: Range.of_array(t.numpy())) if t is not None \
+        ranges[name] = cache.get(t, "range", lambda t=t: Range.of_array(_element_values(t))) if t is not None \
             else Range.unknown()
     for node in model.graph:
         ins = []
@@ -225,7 +231,8 @@ def infer_ranges(model: Any) -> dict[str, Range]:
         if r is None:
             w = _weight_tensor(node) if node.op_type in ("MatMul", "Conv") else None
             if w is not None and node.op_type == "MatMul" and len(w.shape) == 2:
-                sums = cache.get(w, "sums0", lambda w=w: _weight_sums(w.numpy(), 0))
+                sums = cache.get(w, "sums0", lambda w=w: _weight_sums(w.column_weights(), 1)
+                                 if isinstance(w, DepthwiseWeight) else _weight_sums(w.numpy(), 0))
                 r = _matmul_range(ins[0], sums, axis=0, with_zero=False)
             elif w is not None and node.op_type == "Conv":
                 sums = cache.get(w, "sums_conv", lambda w=w: _weight_sums(w.numpy().reshape(w.shape[0], -1), 1))

@@ -16,6 +16,7 @@ from custom_ops.registry import QONNX_DOMAIN, is_custom_domain
 from finnlite.datatypes import (BaseDataType, DataType, datatype_of_values, is_integer_type, parse_datatype,
                                 smallest_int_type)
 from finnlite.shapes import const_array, infer_node_shapes
+from finnlite.tensors import DepthwiseWeight
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -126,8 +127,10 @@ def new_value(model: "Model", prefix: str, shape: Sequence[int] | None, datatype
 
 def add_const(model: "Model", array: np.ndarray, prefix: str, datatype: BaseDataType | str | None = None
               ) -> ir.Value:
-    """A new initializer holding ``array``, annotated with ``datatype`` if given."""
-    v = model.add_initializer(np.ascontiguousarray(array), prefix=prefix)
+    """A new initializer holding ``array`` (or a :class:`~finnlite.tensors.DepthwiseWeight`, kept compact),
+    annotated with ``datatype`` if given."""
+    v = model.add_initializer(array if isinstance(array, DepthwiseWeight) else np.ascontiguousarray(array),
+                              prefix=prefix)
     if datatype is not None:
         model.set_tensor_datatype(v.name, datatype)
     return v

@@ -20,6 +20,7 @@ from custom_ops.registry import QONNX_DOMAIN
 from finnlite.datatypes import is_integer_type
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
+from finnlite.tensors import DepthwiseWeight, depthwise_matrix
 from streamline.lower_common import (TO_NCHW, TO_NHWC, add_const, annotated_or_values, attr, drop_if_unused,
                                      ensure_custom_domain, fitting_datatype, new_value, set_tensor_sparsity, shape_of,
                                      take_over,
@@ -45,13 +46,11 @@ def conv_weight_matrix(w: np.ndarray, group: int) -> np.ndarray:
     # written straight into the [kh, kw, Cin, Cout] layout: no dense [Cout, Cin, kh, kw] copy to transpose (the
     # 1024-channel depthwise layer of MobileNet-v1 is 37.7 MB dense)
     og, cin = cout // group, cin_g * group
-    mat = np.zeros((kh, kw, cin, cout), dtype=w.dtype)
     if cin_g == 1 and og == 1:  # depthwise: channel c feeds output c only
-        c = np.arange(cout)
-        mat[:, :, c, c] = w[:, 0].transpose(1, 2, 0)
-    else:
-        for g in range(group):
-            mat[:, :, g * cin_g:(g + 1) * cin_g, g * og:(g + 1) * og] = w[g * og:(g + 1) * og].transpose(2, 3, 1, 0)
+        return depthwise_matrix(w[:, 0])
+    mat = np.zeros((kh, kw, cin, cout), dtype=w.dtype)
+    for g in range(group):
+        mat[:, :, g * cin_g:(g + 1) * cin_g, g * og:(g + 1) * og] = w[g * og:(g + 1) * og].transpose(2, 3, 1, 0)
     return mat.reshape(kh * kw * cin, cout)
 
 
@@ -103,8 +102,10 @@ class LowerConvsToMatMul(Rule):
     (i, j) out in (a, b, c) order, so the product with ``W'[(a·kw + b)·Cin + c, o] = W[o, c, a, b]``
     (:func:`conv_weight_matrix`) is ``y`` in NHWC; the Transposes keep the NCHW interface (ConvertToNHWC removes
     them). Exact on integer values whose partial sums stay below 2^24 (float32 adds them exactly in any order). A 1×1
-    convolution with stride 1 and no padding needs no Im2Col. A depthwise convolution gets ``Im2Col(depthwise=1)``, the block-sparse weight and its
-    ``tensor_sparsity`` annotation, as FINN's InferVectorVectorActivation requires.
+    convolution with stride 1 and no padding needs no Im2Col. A depthwise convolution gets ``Im2Col(depthwise=1)``,
+    the block-sparse weight and its ``tensor_sparsity`` annotation, as FINN's InferVectorVectorActivation requires;
+    the block-sparse weight is a :class:`~finnlite.tensors.DepthwiseWeight` (its kernel in memory, the dense matrix
+    wherever it is read).
 
     Annotations: the weight keeps its ``finn_datatype`` (widened if the zeros of a sparse matrix do not fit it,
     e.g. BIPOLAR); Im2Col's output has the input's datatype (with 0 added when padding), the MatMul output the
@@ -173,8 +174,12 @@ class LowerConvsToMatMul(Rule):
                 ir.AttrString("input_shape", f"({n}, {h}, {w}, {c})"), ir.AttrInt64s("pad_amount", m.pads),
                 ir.AttrInt64("pad_value", 0), ir.AttrInt64("depthwise", int(m.depthwise)),
                 ir.AttrInt64s("dilations", m.dilations)], outputs=[mm_in], name=f"{name}_im2col"))
-        w_mat = conv_weight_matrix(m.weight, m.group)
-        w_dt = fitting_datatype(annotated_or_values(model, node.inputs[1], m.weight), w_mat)
+        if m.depthwise:  # the block-sparse matrix, held as its kernel (finnlite.tensors)
+            w_mat: Any = DepthwiseWeight(m.weight[:, 0])
+            values = w_mat.element_values()
+        else:
+            w_mat = values = conv_weight_matrix(m.weight, m.group)
+        w_dt = fitting_datatype(annotated_or_values(model, node.inputs[1], m.weight), values)
         w_val = add_const(model, w_mat, f"{name}_W", w_dt)
         if m.depthwise:
             set_tensor_sparsity(w_val, {"dw": {"kernel_shape": [kh, kw]}})

@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 
 from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.shapes import const_array, const_shape
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
 from streamline.real_thresholds import exact_sums, fractions_of
 
@@ -96,17 +96,20 @@ class MoveAddPastMatMul(Rule):
 
     def match(self, model: Any, node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Add",))
-        w = const_array(node.inputs[1])
-        if lin is None or w is None or w.ndim != 2:
+        if lin is None:
+            return None
+        w_shape = const_shape(node.inputs[1])  # not the values: a depthwise weight would be made dense
+        if w_shape is None or len(w_shape) != 2:
             return None
         rank = _rank(node.inputs[0])
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, rank - 1) if rank else None
         if vec is None:
             return self.miss(node, "the Add before the MatMul varies along a non-feature axis")
-        return node, lin, vec, w
+        return node, lin, vec
 
     def rewrite(self, model: Any, match: Any) -> None:
-        node, (lin, ci, _), vec, w = match
+        node, (lin, ci, _), vec = match
+        w = const_array(node.inputs[1])
         k = w.shape[0]
         b = np.array([vec[0]] * k if len(vec) == 1 else list(vec), dtype=object)
         wf = fractions_of(w)

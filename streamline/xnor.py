@@ -12,6 +12,7 @@ from custom_ops.registry import QONNX_DOMAIN
 from finnlite.datatypes import DataType, smallest_int_type
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
+from finnlite.tensors import DepthwiseWeight
 from streamline.lower_common import (add_const, annotate, attr, copy_annotations, drop_if_unused,
                                      ensure_custom_domain, is_op, set_attr, take_over)
 from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
@@ -63,6 +64,9 @@ class ConvertBipolarMatMulToXnorPopcount(Rule):
         if not is_op(node, "MatMul", custom=False):
             return None
         x = node.inputs[0]
+        compact = node.inputs[1].const_value if node.inputs[1] is not None else None
+        if isinstance(compact, DepthwiseWeight) and not np.all(np.abs(compact.element_values()) == 1):
+            return None  # its zeros are not ±1: no need to make the dense matrix to see it
         w = const_array(node.inputs[1])
         if w is None or w.ndim != 2 or not np.all(np.abs(w) == 1):
             return None

@@ -197,13 +197,15 @@ def _executor(model: Model, names: list[str], dtype: Any = np.float32) -> Any:
     from custom_ops.executor import Executor
 
     from finnlite.io import to_proto_without
+    from finnlite.tensors import DepthwiseWeight
 
-    large = {name: v.const_value for name, v in model.graph.initializers.items()
-             if v.const_value is not None and v.const_value.size >= _FEED_ELEMENTS}
+    large = {name: v.const_value for name, v in model.graph.initializers.items() if v.const_value is not None
+             and (v.const_value.size >= _FEED_ELEMENTS or isinstance(v.const_value, DepthwiseWeight))}
     proto = to_proto_without(model.ir, large)
     have = {o.name for o in proto.graph.output}
     proto.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names if name not in have)
-    return Executor(proto, dtype=dtype, constants={name: t.numpy() for name, t in large.items()})
+    return Executor(proto, dtype=dtype, constants={name: t if isinstance(t, DepthwiseWeight) else t.numpy()
+                                                  for name, t in large.items()})
 
 
 def _slice(arr: np.ndarray, i: int, b0: int) -> np.ndarray:

@@ -33,7 +33,8 @@ import numpy as np
 import onnx_ir as ir
 
 from finnlite.errors import VerificationError
-from finnlite.model import Model, freeze, is_frozen
+from finnlite.model import Model, freeze
+from finnlite.tensors import is_immutable
 from verify.policies import DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, resolve_policy
 from verify.reference import ReferenceData
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, NearTie
@@ -333,18 +334,17 @@ class VerificationHook:
         self._run(self._check, self._private_copy(model), policy, label, pass_name, stage, iteration, runs)
 
     def _private_copy(self, model: Model) -> Model:
-        """A structural copy of ``model`` that the passes cannot change: it shares the frozen initializers (and
-        the ones read from the file); a writable one (set through onnx_ir, not :meth:`Model.set_initializer`) is
+        """A structural copy of ``model`` that the passes cannot change: it shares the immutable initializers
+        (frozen arrays, tensors read from the file, compact depthwise weights: :func:`finnlite.tensors.is_immutable`);
+        a writable one (set through onnx_ir, not :meth:`Model.set_initializer`) is
         copied and frozen, and the copy is reused while the array's bytes stay the same (crc32), so that an edit
         in place shows as a new version of that initializer."""
         version = clone_model(model)
         for value in version.graph.initializers.values():
             t = value.const_value
-            if t is None or isinstance(t, ir.TensorProtoTensor):
+            if t is None or is_immutable(t):
                 continue
             arr = t.numpy()
-            if is_frozen(arr):
-                continue
             crc = zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
             known = self._copies.get(id(t))
             if known is None or known[0] is not t or known[1] != crc:

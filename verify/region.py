@@ -27,7 +27,8 @@ from onnx import helper, numpy_helper
 
 from custom_ops.plan import FEED_ELEMENTS
 from finnlite.compat import IR_VERSION
-from finnlite.model import Model, is_frozen
+from finnlite.model import Model
+from finnlite.tensors import DepthwiseWeight, is_immutable
 
 __all__ = ["Fingerprints", "Snapshot", "Change", "find_change", "run_nodes", "topo_order", "node_label",
            "constant_tensors", "subgraph_model", "descendants", "ancestors", "hull", "structure_key", "node_signature",
@@ -45,8 +46,9 @@ def node_label(node: ir.Node) -> str:
 class Fingerprints:
     """Fingerprints of tensors (initializers, tensor attributes): equal fingerprints mean equal contents.
 
-    A tensor read from a file (``TensorProtoTensor``) or wrapping a frozen array (:func:`finnlite.model.freeze`: every
-    initializer :meth:`Model.set_initializer` sets) cannot change without being replaced, so it is fingerprinted
+    A tensor read from a file (``TensorProtoTensor``), wrapping a frozen array (:func:`finnlite.model.freeze`: every
+    initializer :meth:`Model.set_initializer` sets) or a compact depthwise weight cannot change without being
+    replaced (:func:`finnlite.tensors.is_immutable`), so it is fingerprinted
     by identity, without reading its bytes: the versions of a model share such tensors, and a replaced one gets a
     new fingerprint (even when its contents are the same: its readers are then re-run, which costs time but never
     hides a change). The cache holds the tensors it fingerprinted, so that no identity is reused while a
@@ -83,7 +85,7 @@ class Fingerprints:
             hit = cache.get(key)
             if hit is not None and hit[0] is tensor:
                 return hit[1]
-        if isinstance(tensor, ir.TensorProtoTensor) or is_frozen(tensor.numpy()):
+        if is_immutable(tensor):
             fp = (str(tensor.dtype), tuple(tensor.shape), "object", key)
             self._cache[key] = (tensor, fp)
             return fp
@@ -210,13 +212,14 @@ class Snapshot:
 @dataclass
 class Change:
     """The region a pass changed: its nodes (topologically sorted), the tensors it reads from the unchanged part
-    (``inputs``, values from the cache), the constants it reads (``constants``: initializers of the new version),
+    (``inputs``, values from the cache), the constants it reads (``constants``: names of initializers of the new
+    version),
     the tensors it hands on to the unchanged part or the graph outputs (``boundary``), and the names the old version
     had that the new one lacks (``removed``). ``problems`` lists structural errors found on the way."""
 
     nodes: list[ir.Node] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
-    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    constants: list[str] = field(default_factory=list)
     boundary: list[str] = field(default_factory=list)
     removed: set[str] = field(default_factory=set)
     problems: list[tuple[str, str | None, str | None]] = field(default_factory=list)
@@ -287,7 +290,7 @@ def find_change(before: Snapshot, after: Model, fps: Fingerprints, cached: Itera
                 continue
             seen.add(v.name)
             if v.name in inits and inits[v.name].const_value is not None:
-                change.constants[v.name] = inits[v.name].const_value.numpy()
+                change.constants.append(v.name)
             elif v.name in cached and (_alive_producer(v, after) or v.is_graph_input()):
                 change.inputs.append(v.name)
             else:
@@ -409,15 +412,17 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
                 reads.append(v.name)
     const_values: dict[str, np.ndarray] = {}
     feeds0: dict[str, np.ndarray] = {}
-    big: dict[str, np.ndarray] = {}
+    big: dict[str, Any] = {}
     for name in reads:
         init = inits.get(name)
         if init is not None and init.const_value is not None and name not in forced:
-            value = init.const_value.numpy()
-            if value.size >= _FEED_ELEMENTS:
-                big[name] = value  # handed to the executor as an array, not serialized into the region's model
+            tensor = init.const_value
+            if isinstance(tensor, DepthwiseWeight):
+                big[name] = tensor  # compact: the executor runs a fused depthwise pair on the kernel
+            elif tensor.size >= _FEED_ELEMENTS:
+                big[name] = tensor.numpy()  # handed to the executor as an array, not serialized into the model
             else:
-                const_values[name] = value
+                const_values[name] = tensor.numpy()
         elif name in constants and name not in forced:
             const_values[name] = samples[0][name]
         else:

@@ -198,3 +198,68 @@ def test_facts_of_frozen_weights_are_derived_once_and_forgotten_with_them():
     del frozen
     gc.collect()
     assert memo._entries == {} and memo._watched == set()
+
+
+def _compact(model):
+    """``model`` without its MatMul weight, and that weight as a DepthwiseWeight (it must be block-diagonal)."""
+    from onnx import numpy_helper
+
+    from finnlite.tensors import DepthwiseWeight
+
+    proto = type(model)()
+    proto.CopyFrom(model)
+    init = next(t for t in proto.graph.initializer if t.name == "W")
+    w = numpy_helper.to_array(init)
+    c = w.shape[1]
+    k = w.shape[0] // c
+    kernel = w.reshape(k, c, c)[:, np.arange(c), np.arange(c)].T.reshape(c, *_kernel_of(proto))
+    proto.graph.initializer.remove(init)
+    return proto, DepthwiseWeight(kernel)
+
+
+def _kernel_of(proto):
+    node = next(n for n in proto.graph.node if n.op_type == "Im2Col")
+    return tuple(next(a.ints for a in node.attribute if a.name == "kernel_size"))
+
+
+@pytest.mark.parametrize("case, fused", [
+    (dict(h=8, w=8, c=6, cout=6, depthwise=True), True),
+    (dict(h=10, w=10, c=8, cout=8, depthwise=True, stride=(2, 2), kernel=(3, 2), pads=(1, 0, 1, 1)), True),
+    (dict(h=8, w=8, c=5, cout=5, depthwise=True, pad_value=-2), True),
+    (dict(h=8, w=8, c=4, cout=4, depthwise=True, mt_input=False), False),  # float input: no exact bound
+    (dict(h=8, w=8, c=4, cout=4, depthwise=True, weight_scale=0.5), False),  # fractional weights
+])
+def test_a_compact_depthwise_weight_computes_what_the_dense_one_does(case, fused, monkeypatch):
+    """Given as a DepthwiseWeight, a depthwise weight runs fused on its kernel without the dense matrix ever being
+    made; where the pair cannot be fused the matrix is made once. Either way every bit is what the dense weight
+    gives, in float32, in batches, with return_all and in float64."""
+    import finnlite.tensors as tensors
+
+    made = []
+    real = tensors._dense_tensor
+    monkeypatch.setattr(tensors, "_dense_tensor", lambda k: made.append(k) or real(k))  # before the weight binds it
+    model = conv_model(**case)
+    proto, weight = _compact(model)
+    compact = Executor(proto, constants={"W": weight})
+    dense = Executor(model)
+    assert bool(compact._fused) == fused == bool(dense._fused)
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-12, 12, size=(3, case["h"], case["w"], case["c"])).astype(np.float32)
+    assert_same_bits(compact.run({"x": x})["y"], dense.run({"x": x})["y"])
+    got, want = compact.run({"x": x[:1]}, return_all=True), dense.run({"x": x[:1]}, return_all=True)
+    for name in want:
+        if name != "W" or not fused:
+            assert_same_bits(got[name], want[name])
+    assert ("W" in got) == (not fused) and len(made) == (0 if fused else 1)
+    wide = Executor(proto, dtype=np.float64, constants={"W": weight})
+    np.testing.assert_array_equal(wide.run({"x": x})["y"], Executor(model, dtype=np.float64).run({"x": x})["y"])
+
+
+def test_conv_weights_of_a_compact_depthwise_weight_are_its_kernel():
+    from finnlite.tensors import DepthwiseWeight, depthwise_matrix
+
+    kernel = np.random.default_rng(0).integers(-3, 4, size=(6, 3, 3)).astype(np.float32)
+    t = DepthwiseWeight(kernel)
+    w, group = conv_weights(t, (3, 3), 6)
+    want, want_group = conv_weights(depthwise_matrix(kernel), (3, 3), 6)
+    assert group == want_group == 6 and np.array_equal(w, want) and np.shares_memory(w, t.kernel)
