@@ -555,7 +555,8 @@ class Executor:
             if isinstance(step, RegionStep):
                 step.outputs = [t for t in step.produced if return_all or t in needed_later]
             needed_later.update(step.inputs)
-        return Plan([s for s in steps if not isinstance(s, RegionStep) or s.outputs])
+        return Plan([s for s in steps if not isinstance(s, RegionStep) or s.outputs],
+                    keep=None if return_all else set(self._outputs))
 
     def _outside_step(self, i: int) -> Step:
         node, label = self._as_dtype(self._nodes[i]), node_label(self._nodes[i], i)

@@ -337,11 +337,28 @@ Step = RegionStep | KernelStep | NodeSessionStep
 
 
 class Plan:
-    """Steps in execution order."""
+    """Steps in execution order. With ``keep`` (the tensors the caller wants), a tensor leaves the environment
+    right after the last step that reads it (or the step that makes it, if none does): a run then holds the
+    tensors still needed, not every activation of the network. Without ``keep`` every tensor stays."""
 
-    def __init__(self, steps: list[Step]) -> None:
+    def __init__(self, steps: list[Step], keep: set[str] | None = None) -> None:
         self.steps = steps
+        self._drop: list[list[str]] | None = None
+        if keep is not None:
+            last: dict[str, int] = {}
+            for i, step in enumerate(steps):
+                for t in step.outputs:
+                    last.setdefault(t, i)
+                for t in step.inputs:
+                    last[t] = i
+            self._drop = [[] for _ in steps]
+            for t, i in last.items():
+                if t not in keep:
+                    self._drop[i].append(t)
 
     def execute(self, env: dict[str, np.ndarray]) -> None:
-        for step in self.steps:
+        for i, step in enumerate(self.steps):
             step.run(env)
+            if self._drop is not None:
+                for t in self._drop[i]:
+                    env.pop(t, None)

@@ -441,3 +441,27 @@ def test_nodes_with_one_name_run():
     x = np.arange(-2, 2, dtype=F32).reshape(1, 4)
     np.testing.assert_array_equal(Executor(model).run({"x": x})["y"], np.maximum((x + 2) * 2, 0))
     assert [n.name for n in model.graph.node] == ["same"] * 3
+
+
+def test_a_run_drops_each_tensor_after_its_last_reader():
+    """Without return_all a plan drops an intermediate tensor as soon as no later step reads it (a run holds what is
+    still needed, not every activation); the results are those of a run that keeps everything."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r0"),
+             helper.make_node("MultiThreshold", ["a", "T"], ["b"], domain=Q, name="mt", out_dtype="UINT2"),
+             helper.make_node("Add", ["b", "a"], ["c"], name="add"),
+             helper.make_node("MultiThreshold", ["c", "T"], ["d"], domain=Q, name="mt2", out_dtype="UINT2"),
+             helper.make_node("Mul", ["d", "c"], ["y"], name="mul")]
+    inits = {"T": np.sort(np.random.default_rng(0).uniform(-1, 3, size=(1, 3)), axis=1).astype(F32)}
+    model = build(nodes, {"x": (1, 4)}, ["y"], inits)
+    ex = Executor(model, lower=False)  # MultiThresholds as kernels: steps between regions
+    x = {"x": np.random.default_rng(1).uniform(-2, 2, size=(1, 4)).astype(F32)}
+    everything = ex.run(x, return_all=True)
+    plan = ex._plan(False, False)
+    dropped = {t for names in plan._drop for t in names}
+    assert {"a", "b", "c", "d"} <= dropped and "y" not in dropped and len(plan.steps) > 2
+    env = dict(ex._constants)
+    env.update(x)
+    plan.execute(env)
+    assert "y" in env and not {"a", "b", "c", "d"} & set(env)
+    np.testing.assert_array_equal(ex.run(x)["y"], everything["y"])
+    assert ex._plan(False, True)._drop is None  # return_all keeps every tensor
