@@ -16,6 +16,7 @@ and every other node output with FLOAT32, so annotations never claim more than i
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,7 +168,9 @@ def _custom_range(node: ir.Node, model: Any, ins: list[Range]) -> Range | None:
 
 class _ConstCache:
     """Ranges of constant tensors and weight-derived ranges, keyed by the tensor object (so a rewritten
-    initializer, which is a new tensor, is recomputed); kept on the model between runs."""
+    initializer, which is a new tensor, is recomputed); kept on the model between runs. The tensors are held
+    weakly: a weight a pass replaces is freed then, not at the next run (every pre-lowering weight of MobileNet-v1
+    stayed alive through LowerConvsToMatMul)."""
 
     def __init__(self) -> None:
         self.entries: dict[tuple[int, Any], tuple[Any, Any]] = {}
@@ -177,10 +180,14 @@ class _ConstCache:
         k = (id(tensor), key)
         self.used.add(k)
         hit = self.entries.get(k)
-        if hit is not None and hit[0] is tensor:
+        if hit is not None and hit[0]() is tensor:
             return hit[1]
         value = compute()
-        self.entries[k] = (tensor, value)
+        try:
+            ref: Any = weakref.ref(tensor)
+        except TypeError:  # a tensor type without weak references: held (the id must not be reused meanwhile)
+            ref = lambda t=tensor: t  # noqa: E731
+        self.entries[k] = (ref, value)
         return value
 
     def prune(self) -> None:

@@ -43,3 +43,33 @@ def test_bipolar_range():
     assert Range.of_array(np.array([-1.0, 1.0, 1.0])).datatype() == DataType["BIPOLAR"]
     assert Range.of_array(np.array([0.0, 1.0])).datatype() == DataType["BINARY"]
     assert Range.of_array(np.array([0.5])).datatype() == DataType["FLOAT32"]
+
+
+def test_the_range_cache_does_not_keep_replaced_weights_alive():
+    """InferDataTypes caches weight ranges on the model, keyed by tensor: a weight a later pass replaces is freed
+    then, not at the next InferDataTypes run (the cache holds its tensors weakly)."""
+    import gc
+    import weakref
+
+    from finnlite import Model
+    from streamline.datatypes import InferDataTypes, infer_ranges
+    from tests.core.fixtures import chain_model
+
+    model = Model(chain_model(2))
+    w = np.arange(1 << 14, dtype=np.float32).reshape(128, 128)
+    x = model.graph.inputs[0]
+    import onnx_ir as ir
+
+    model.set_tensor_shape(x.name, [1, 128])
+    model.set_tensor_datatype(x.name, "UINT2")  # a known input range: the MatMul's range depends on the weight
+    out = ir.Value(name="mm")
+    model.graph.append(ir.Node("", "MatMul", [x, model.set_initializer("w", w)], outputs=[out], name="mm"))
+    model.graph.outputs.append(out)
+    ref = weakref.ref(w)
+    del w
+    InferDataTypes().apply(model)
+    before = infer_ranges(model)["mm"]
+    model.set_initializer("w", np.ones((128, 128), np.float32))
+    gc.collect()
+    assert ref() is None
+    assert infer_ranges(model)["mm"] != before  # and the new weight's range is computed, not the old one's
