@@ -90,6 +90,8 @@ _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorPro
 #: picks for a lone pooling node with known shapes, can differ from the plain ones (max of -0.0 and +0.0)
 _ALONE = {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool", "GlobalLpPool"}
 BATCH_MODES = ("per_item", "vectorized")
+#: the plan mode of ``run(return_all=True, windows=False)``: every tensor but the fused pairs' windows
+_ALL_BUT_WINDOWS = "all-but-windows"
 
 
 class Executor:
@@ -171,17 +173,28 @@ class Executor:
         """The graph outputs, in graph order."""
         return list(self._outputs)
 
+    def static_shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape of tensor ``name`` known before running (None if unknown or partly symbolic)."""
+        shape = self._shapes.get(name)
+        return tuple(shape) if shape is not None and all(d is not None for d in shape) else None
+
     def input_shape(self, name: str) -> tuple[int | None, ...] | None:
         """The declared shape of data input ``name`` (None for a symbolic dim; None if undeclared)."""
         return self._input_shapes[name]
 
-    def run(self, inputs: Mapping[str, np.ndarray], return_all: bool = False) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, np.ndarray], return_all: bool = False, *,
+            windows: bool = True) -> dict[str, np.ndarray]:
         """The graph outputs for ``inputs`` ({data input name: array}); with ``return_all``, every tensor: the
-        inputs, the constants (initializers and folded tensors, read-only) and every node output.
+        inputs, the constants (initializers and folded tensors, read-only) and every node output. With
+        ``windows=False`` (and ``return_all``), the outputs of ``Im2Col`` nodes that only a MatMul run with them as
+        one Conv reads are left out: they are not computed (:mod:`custom_ops.intconv`; they are ``kh·kw`` times
+        their input, and the caller can make them from it).
 
         A leading dim N (a multiple of the model's fixed batch dim b0) runs a batch, see ``batch_mode``. Raises
         :class:`GraphError` naming the tensor for an unknown or missing input or a wrong dtype or shape, and
         :class:`OpError` naming the node when a node fails."""
+        if return_all and not windows:
+            return_all = _ALL_BUT_WINDOWS  # type: ignore[assignment]
         arrays, batch = self._check_inputs(inputs)
         if batch is None:
             return self._execute(arrays, batched=False, return_all=return_all)
@@ -496,7 +509,7 @@ class Executor:
         shape = self._input_shapes.get(self._inputs[0].name) if self._inputs else None
         return int(shape[0]) if shape and shape[0] else 1
 
-    def _plan(self, batched: bool, return_all: bool) -> Plan:
+    def _plan(self, batched: bool, return_all: bool | str) -> Plan:
         key = (batched, return_all)
         if key not in self._plans:
             self._plans[key] = self._build_plan(batched, return_all)
@@ -514,7 +527,7 @@ class Executor:
                 needed.update(node_inputs(self._nodes[i]))
         return live[::-1]
 
-    def _build_plan(self, batched: bool, return_all: bool) -> Plan:
+    def _build_plan(self, batched: bool, return_all: bool | str) -> Plan:
         """Alternate between the largest set of region nodes that waits for no pending kernel node (one region)
         and the kernel nodes that wait for no pending region node, in topological order, until all are placed.
         A fused Im2Col → MatMul pair is one lowered node (the Im2Col's index) that produces the MatMul's outputs;
@@ -522,12 +535,14 @@ class Executor:
         MatMul runs as the Conv on the Im2Col's input."""
         fused: dict[int, tuple[int, Lowering]] = {}
         for i, (j, lowering, private) in self._fused.items():
-            if private and not return_all:
+            if return_all == _ALL_BUT_WINDOWS:  # the windows are not wanted, even as graph outputs
+                private = sum(self._nodes[i].output[0] in node_inputs(n) for n in self._nodes) == 1
+            if private and return_all is not True:
                 fused[i] = (j, lowering)  # the pair is one node in the Im2Col's place
             else:
                 fused[j] = (j, lowering)  # the Im2Col runs for its output; the MatMul runs as the Conv
         absorbed = {j for i, (j, _) in fused.items() if j != i}
-        live = [i for i in self._live_nodes(return_all) if i not in absorbed]
+        live = [i for i in self._live_nodes(bool(return_all)) if i not in absorbed]
         outs = {i: self._nodes[fused[i][0] if i in fused else i].output for i in live}
         producer = {t: i for i in live for t in outs[i] if t}
         deps = {i: {producer[t] for t in node_inputs(self._nodes[i]) if t in producer} for i in live}
@@ -659,7 +674,8 @@ class Executor:
                              f"N; got leading dims {sorted(leading, key=str)}", tensor=self._inputs[0].name)
         return arrays, int(leading.pop())
 
-    def _execute(self, arrays: dict[str, np.ndarray], batched: bool, return_all: bool) -> dict[str, np.ndarray]:
+    def _execute(self, arrays: dict[str, np.ndarray], batched: bool, return_all: bool | str
+                 ) -> dict[str, np.ndarray]:
         plan = self._plan(batched, return_all)  # first: planning may make a compact weight dense (_dense)
         env: dict[str, np.ndarray] = dict(self._constants)
         env.update(arrays)
@@ -677,7 +693,8 @@ class Executor:
                     return False
         return True
 
-    def _run_chunks(self, arrays: dict[str, np.ndarray], batch: int, return_all: bool) -> dict[str, np.ndarray]:
+    def _run_chunks(self, arrays: dict[str, np.ndarray], batch: int, return_all: bool | str
+                    ) -> dict[str, np.ndarray]:
         b0 = self._batch0()
         parts = [self._execute({n: a[k:k + b0] for n, a in arrays.items()}, batched=False, return_all=return_all)
                  for k in range(0, batch, b0)]

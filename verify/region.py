@@ -29,6 +29,7 @@ from custom_ops.plan import FEED_ELEMENTS
 from finnlite.compat import IR_VERSION
 from finnlite.model import Model
 from finnlite.tensors import DepthwiseWeight, is_immutable
+from verify.cache import Recompute, SampleValues
 
 __all__ = ["Fingerprints", "Snapshot", "Change", "find_change", "run_nodes", "topo_order", "node_label",
            "constant_tensors", "subgraph_model", "descendants", "ancestors", "hull", "structure_key", "node_signature",
@@ -390,12 +391,15 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
     """Run ``nodes`` of ``after`` on each cached sample: the tensors they read but do not produce, and the
     ``forced`` tensors (teacher forcing: the nodes reading them get the cached value instead of the computed one),
     come from the sample's values; initializers and other ``constants`` become initializers. Returns, per sample,
-    every tensor the run computed (for a forced tensor, the computed value) and the ones it read. ``dtype``: the
-    executor's float type (float64 runs every float tensor in double precision)."""
+    every tensor the run computed (for a forced tensor, the computed value) and the ones it read, as a
+    :class:`~verify.cache.SampleValues`: the windows of an ``Im2Col`` whose MatMul ran as one Conv with it are not
+    computed but kept as recomputations from their input (made when read). ``dtype``: the executor's float type
+    (float64 runs every float tensor in double precision)."""
     from custom_ops.executor import Executor
+    from custom_ops.registry import make_op
 
     if not nodes:
-        return [{} for _ in samples]
+        return [SampleValues() for _ in samples]
     produced = {o.name for n in nodes for o in n.outputs if o.name}
     protos = []
     for n in nodes:
@@ -429,11 +433,19 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
             feeds0[name] = samples[0][name]
     model = _model_of(protos, feeds0, const_values, after.graph.opset_imports)
     ex = Executor(model, dtype=dtype, constants=big)
+    windows = [p for p in protos if p.op_type == "Im2Col" and p.domain and p.input and p.output]
     results = []
     for values in samples:
-        out = ex.run({name: values[name] for name in feeds0}, return_all=True)
+        out = SampleValues(ex.run({name: values[name] for name in feeds0}, return_all=True, windows=False))
+        for p in windows:  # not computed (the MatMul reading them ran as a Conv): made from their input if read
+            if p.output[0] not in out and p.input[0] in out:
+                x = out[p.input[0]]
+                shape = ex.static_shape(p.output[0])
+                if shape is None:
+                    shape = tuple(make_op(p).infer_shapes([x.shape], [None])[0])
+                dict.__setitem__(out, p.output[0], Recompute(make_op(p), [x], shape, x.dtype))
         for name in forced & produced:  # report what the nodes computed, not what was fed
             if f"{name}__recomputed" in out:
-                out[name] = out.pop(f"{name}__recomputed")
+                dict.__setitem__(out, name, dict.pop(out, f"{name}__recomputed"))
         results.append(out)
     return results

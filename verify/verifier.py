@@ -27,6 +27,7 @@ import numpy as np
 
 from finnlite.errors import FinnliteError
 from finnlite.model import Model
+from verify.cache import SampleValues
 from verify.compare import TensorDiff, compare_tensor, is_integer_tensor, quant_step
 from verify.policies import Metric, Policy
 from verify.reference import ReferenceData
@@ -141,13 +142,13 @@ class Verifier:
         self.snapshot = Snapshot.take(model, self.fps, copy=not private)
 
     # -- cache -------------------------------------------------------------------------------------------------
-    def _full_values(self, model: Model, initial: bool = False) -> list[dict[str, np.ndarray]]:
+    def _full_values(self, model: Model, initial: bool = False) -> list[SampleValues]:
         if initial and self.reference.describes(model):
-            return [self.reference.take_values(i) for i in self.sample_ids]
+            return [SampleValues(self.reference.take_values(i)) for i in self.sample_ids]
         from custom_ops.executor import Executor
 
         ex = Executor(model.to_proto())
-        return [ex.run(self.reference.sample(i), return_all=True) for i in self.sample_ids]
+        return [SampleValues(ex.run(self.reference.sample(i), return_all=True)) for i in self.sample_ids]
 
     def _float64(self, sample_index: int, name: str) -> Callable[[], np.ndarray | None]:
         def get() -> np.ndarray | None:
@@ -200,7 +201,7 @@ class Verifier:
             region, widened, pending = hull(model, change.nodes), True, {}
         unforced: set[str] = set()  # tensors found to differ: their readers must see the computed values
         status: dict[str, _Status] = {}  # every compared tensor of the region, by name
-        computed: list[dict[str, np.ndarray]] = [{} for _ in self.values]
+        computed: list[SampleValues] = [SampleValues() for _ in self.values]
         todo, runs = list(region), 0
         while True:
             runs += 1
@@ -219,11 +220,11 @@ class Verifier:
                                         node=exc.node, tensor=exc.tensor)
                 # a changed node may have read a stale cached value: run everything between the changed nodes
                 region, widened, pending = hull(model, change.nodes), True, {}
-                todo, status, computed = list(region), {}, [{} for _ in self.values]
+                todo, status, computed = list(region), {}, [SampleValues() for _ in self.values]
                 continue
             made = [o.name for n in todo for o in n.outputs if o.name]
-            for c, res in zip(computed, results):  # what the nodes computed (not what they were fed)
-                c.update({name: res[name] for name in made if name in res})
+            for c, res in zip(computed, results):  # what the nodes computed (not what they were fed), as held
+                c.update({name: dict.__getitem__(res, name) for name in made if name in res})
             for node in todo:
                 for o in node.outputs:
                     if o.name and o.name in self.values[0] and o.name in computed[0]:
@@ -310,7 +311,7 @@ class Verifier:
         cached = self.values[0]
         for name in names:
             if name in cached and before.value(name) is not None and model.value(name) is not None:
-                rank = np.ndim(cached[name])
+                rank = len(cached.meta(name)[0])
                 la = model.get_tensor_layout(name) or _DEFAULT_LAYOUTS.get(rank)
                 lb = before.get_tensor_layout(name) or _DEFAULT_LAYOUTS.get(rank)
                 if la is not None and lb is not None and la != lb:
@@ -372,15 +373,15 @@ class Verifier:
                 if not name or name in unforced or name not in cached or not any(
                         id(u.node) in in_region for u in o.uses()):
                     continue
-                value = np.asarray(cached[name])
-                if o.dtype is not None and o.dtype.numpy() != value.dtype:
+                shape_cached, dtype_cached = cached.meta(name)
+                if o.dtype is not None and o.dtype.numpy() != dtype_cached:
                     continue
                 shape = model.get_tensor_shape(name)
                 if shape is not None and None not in shape:
-                    perm = layout_permutation(model, self.snapshot.model, name, tuple(shape), value.shape)
+                    perm = layout_permutation(model, self.snapshot.model, name, tuple(shape), shape_cached)
                     if perm is not None:
                         relaid[name] = perm
-                    elif tuple(shape) != value.shape:
+                    elif tuple(shape) != shape_cached:
                         continue
                 elif self._relayouts(model, {name}):  # a layout change that cannot be mapped without the shape
                     continue
@@ -443,12 +444,12 @@ class Verifier:
         """Make ``model`` the cached version (after a successful :meth:`check`); ``private`` as for the
         constructor."""
         if outcome.metric_values is not None:
-            self.values = outcome.metric_values
+            self.values = [SampleValues(v) for v in outcome.metric_values]
         elif outcome.change is not None:
             for vals, res in zip(self.values, outcome.results):
                 for name in outcome.change.removed:
                     vals.pop(name, None)
-                for name, arr in res.items():
+                for name, arr in res.items():  # as held: a window stays a recomputation (verify.cache)
                     if name not in outcome.keep:
                         vals[name] = arr
                 for name, perm in outcome.layouts.items():  # keep the old values, in the new layout
