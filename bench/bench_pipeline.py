@@ -139,10 +139,11 @@ def zoo_table() -> None:
     print("  140 MB); +/file: +MB over the file size)")
 
 
-def cli_model(name: str) -> dict:
+def cli_model(name: str, verify: str = "each") -> dict:
     """``finnlite streamline``'s work on one zoo model, timed in this process (run as a subprocess by
-    :func:`cli_table`): load, :func:`finnlite.build.streamline` with its defaults (the default pipeline with every
-    pass verified, the final check on the default number of random samples, the report's extras) and save."""
+    :func:`cli_table`): load, :func:`finnlite.build.streamline` with its defaults (the default pipeline, every pass
+    verified, the final check on the default number of random samples, the report's extras) and save; ``verify``
+    as ``--verify`` (``final``: the final check only)."""
     from finnlite import Model
     from finnlite.build import streamline
 
@@ -151,7 +152,7 @@ def cli_model(name: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         model = Model(ZOO / entry["file"])
-        report = streamline(model, input_range=tuple(entry["input_range"]))
+        report = streamline(model, verify=verify, input_range=tuple(entry["input_range"]))
         model.save(Path(tmp) / "out.onnx")
         total = time.perf_counter() - t0
     v = report.verification
@@ -162,19 +163,25 @@ def cli_model(name: str) -> dict:
 
 
 def cli_table() -> None:
-    print("== end to end as `finnlite streamline` runs it (load, pipeline with per-pass verification, final check")
-    print("   with the default sample count for the input size, report extras, save; in-process, without the")
-    print("   interpreter's start-up)")
-    print(f"  {'model':<18} {'total s':>7} {'final check s':>13} {'samples':>7} {'RSS MB':>6} {'+MB':>5} {'+/file':>6}")
+    print("== end to end as `finnlite streamline` runs it (load, pipeline, final check with the default sample count")
+    print("   for the input size, report extras, save; in-process, without the interpreter's start-up), with per-pass")
+    print("   verification (the default, --verify each) and without it (--verify final); each run in its own process")
+    print(f"  {'model':<18} {'samples':>7} {'each s':>6} {'final s':>7} {'ratio':>5}  {'each +MB':>8} {'+/file':>6}  "
+          f"{'final +MB':>9} {'+/file':>6}")
     for name in json.loads((ZOO / "manifest.json").read_text()):
-        out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--cli", name], capture_output=True,
-                             text=True, cwd=REPO, check=True)
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"  {name:<18} {r['total']:7.2f} {r['final']:13.2f} {r['samples']:>7} {r['rss'] / 1e6:6.0f} "
-              f"{r['rss_incr'] / 1e6:5.0f} {r['rss_incr'] / r['file']:5.1f}x{'' if r['ok'] else '  VERIFICATION FAILED'}")
-    print("  (per-pass verification keeps every tensor of the current model version on one sample, and each check")
-    print("  runs part of the model: its memory comes on top of the pipeline's; --verify final runs as in the")
-    print("  table above)")
+        runs = {}
+        for mode in ("each", "final"):
+            out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--cli", name, mode],
+                                 capture_output=True, text=True, cwd=REPO, check=True)
+            runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+        e, f = runs["each"], runs["final"]
+        failed = "" if e["ok"] and f["ok"] else "  VERIFICATION FAILED"
+        print(f"  {name:<18} {e['samples']:>7} {e['total']:6.2f} {f['total']:7.2f} {e['total'] / f['total']:4.2f}x  "
+              f"{e['rss_incr'] / 1e6:8.0f} {e['rss_incr'] / e['file']:5.1f}x  {f['rss_incr'] / 1e6:9.0f} "
+              f"{f['rss_incr'] / f['file']:5.1f}x{failed}")
+    print("  (+MB: the peak RSS above the warmed-up baseline, as in the table above; per-pass verification keeps every")
+    print("  tensor of the current model version on its probe samples, and each check runs part of the model: its")
+    print("  memory comes on top of the pipeline's)")
 
 
 def verification_overhead() -> None:
@@ -273,8 +280,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--cli":
-        print(json.dumps(cli_model(sys.argv[2])))
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "--cli":
+        print(json.dumps(cli_model(*sys.argv[2:])))
     elif len(sys.argv) == 3 and sys.argv[1] == "--one":
         print(json.dumps(one_model(sys.argv[2])))
     else:

@@ -25,13 +25,17 @@ def test_initializer_inputs_leave_no_reference_behind():
     assert all(n > 0 for n in counter.values()) and {v.name for v in counter} == {"x"}
 
 
-def test_cleanup_releases_removed_constants_and_lookups_are_unchanged():
-    model = Model(chain_model(3))
+def _with_large_initializer(nodes: int, name: str) -> tuple[Model, weakref.ref]:
+    """A chain model with an extra (unused) 256 KB initializer ``name``, and a weak reference to its array."""
+    model = Model(chain_model(nodes))
     big = np.arange(1 << 16, dtype=np.float32)
-    ref = weakref.ref(big)
-    model.set_initializer("unused_weight", big)
-    del big
-    assert model.value("unused_weight") is not None
+    model.set_initializer(name, big)
+    assert model.value(name) is not None
+    return model, weakref.ref(big)
+
+
+def test_cleanup_releases_removed_constants_and_lookups_are_unchanged():
+    model, ref = _with_large_initializer(3, "unused_weight")
     before = model.make_new_valueinfo_name("t")
     assert model.cleanup(fold_constants=False)
     gc.collect()
@@ -192,12 +196,7 @@ def test_a_rule_frees_each_weight_it_replaces_before_the_pass_ends():
 
 
 def test_del_initializer_frees_the_array_and_lookups_stay_right():
-    model = Model(chain_model(2))
-    big = np.arange(1 << 16, dtype=np.float32)
-    ref = weakref.ref(big)
-    model.set_initializer("spare", big)
-    del big
-    assert model.value("spare") is not None
+    model, ref = _with_large_initializer(2, "spare")
     model.del_initializer("spare")
     gc.collect()
     assert ref() is None and model.value("spare") is None and model.get_initializer("spare") is None
