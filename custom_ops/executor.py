@@ -8,8 +8,9 @@
   once: every node whose inputs are all constants (the weight quantizers) is computed at construction exactly as
   execution would compute it. The rest is cut, in topological order, into maximal *regions* of standard nodes —
   each one onnxruntime session, created on first use and reused — and single nodes run by numpy kernels
-  (``custom_ops.registry``). Plans are cached: one for outputs, one exposing every tensor (``return_all``), one
-  for vectorized batches.
+  (``custom_ops.registry``). Plans are cached: one for outputs (which drops each tensor after its last reader),
+  one exposing every tensor (``return_all``), one exposing every tensor but the windows of fused convolutions
+  (``windows=False``), and the same for vectorized batches.
 * **Lower the custom ops.** Quant, BipolarQuant, MultiThreshold, Trunc and Im2Col become exact standard-op subgraphs inside
   the regions (:mod:`custom_ops.lowering`), so a quantized network usually runs as one session. A node whose
   lowering cannot be exact (a parameter that is not constant, a mixed dtype, an opset below 11) runs its kernel;
