@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections import Counter
 from typing import Any, Mapping
 
 import numpy as np
@@ -535,9 +536,12 @@ class Executor:
         where the Im2Col's output is needed too (``return_all``, other readers) the Im2Col still runs and the
         MatMul runs as the Conv on the Im2Col's input."""
         fused: dict[int, tuple[int, Lowering]] = {}
+        readers: Counter[str] = Counter()
+        if return_all == _ALL_BUT_WINDOWS and self._fused:  # the windows are not wanted, even as graph outputs
+            readers.update(t for n in self._nodes for t in set(node_inputs(n)))
         for i, (j, lowering, private) in self._fused.items():
-            if return_all == _ALL_BUT_WINDOWS:  # the windows are not wanted, even as graph outputs
-                private = sum(self._nodes[i].output[0] in node_inputs(n) for n in self._nodes) == 1
+            if return_all == _ALL_BUT_WINDOWS:
+                private = readers[self._nodes[i].output[0]] == 1  # only the fused MatMul reads the window
             if private and return_all is not True:
                 fused[i] = (j, lowering)  # the pair is one node in the Im2Col's place
             else:
