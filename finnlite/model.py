@@ -314,6 +314,14 @@ class Model:
         if v is not None and self._values.get(name) is v:
             self._values[name] = ir.Value(name=name)
 
+    def drop_if_unused(self, *values: ir.Value | None) -> None:
+        """Remove those of ``values`` that are initializers of the graph nothing reads any more (and not graph
+        outputs): a constant a rewrite replaced goes at once, not at the next cleanup, so that a pass replacing
+        every weight holds one layer twice at a time, not the whole network."""
+        for v in values:
+            if v is not None and not v.uses() and not v.is_graph_output() and self.graph.initializers.get(v.name) is v:
+                self.del_initializer(v.name)
+
     # -- graph queries -------------------------------------------------------------------------------------
     def find_producer(self, name: str) -> ir.Node | None:
         """The node that produces ``name``, or None for inputs, initializers and unknown names."""

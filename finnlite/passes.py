@@ -121,20 +121,11 @@ class Rule(Transformation):
             consts = [v for v in node.inputs if v is not None and v.is_initializer()]
             self.rewrite(model, m)
             self.rewrites += 1
-            _drop_unused_initializers(model, consts)
+            model.drop_if_unused(*consts)
+            consts.clear()  # no reference to a dropped weight is left while the next node is matched
             if self.on_rewrite is not None:
                 self.on_rewrite(self, model, m)
         return self.rewrites > 0
-
-
-def _drop_unused_initializers(model: "Model", values: list["ir.Value"]) -> None:
-    """Remove those of ``values`` that are initializers of ``model`` nothing reads (and not graph outputs), and empty
-    the list: a weight a rewrite replaced goes now rather than at the next cleanup, so that a pass replacing every
-    weight (quantizer folding, conv lowering) holds one layer twice at a time, not the whole network."""
-    for v in values:
-        if not v.uses() and not v.is_graph_output() and model.graph.initializers.get(v.name) is v:
-            model.del_initializer(v.name)
-    values.clear()
 
 
 # -- registry ------------------------------------------------------------------------------------------------

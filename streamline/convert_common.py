@@ -206,7 +206,7 @@ def drop_unused(model: "Model", values: Sequence[ir.Value | None]) -> None:
         if v is None or v.uses() or v.is_graph_output():
             continue
         if v.is_initializer():
-            model.del_initializer(v.name)
+            model.drop_if_unused(v)
             continue
         p = v.producer()
         if p is not None and p.graph is model.graph and not any(o.uses() or o.is_graph_output() for o in p.outputs):

@@ -20,8 +20,8 @@ from finnlite.passes import Miss
 from finnlite.shapes import const_array
 from streamline.exact import EXACT_KEY, exact_value, set_exact
 from streamline.lower_common import (TO_NHWC, Perm, add_const, annotated_or_values, attr, copy_annotations,
-                                     drop_if_unused, identity, inverse, is_op, new_value, permute_layout, set_attr,
-                                     then, transpose_perm)
+                                     identity, inverse, is_op, new_value, permute_layout, set_attr, then,
+                                     transpose_perm)
 from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class LayoutWalk:
         old = node.inputs[i]
         if old is not value:
             node.replace_input_with(i, value)
-            drop_if_unused(self.model, old)
+            self.model.drop_if_unused(old)
             self.edits += 1
 
     # -- the walk ----------------------------------------------------------------------------------------------

@@ -209,11 +209,3 @@ def take_over(model: "Model", old: ir.Value, new: ir.Value) -> None:
     old.name = model.make_new_valueinfo_name(f"{name}_replaced")
     new.name = name
     model._values[name] = new  # keep Model's name index current (a lookup would also reindex)
-
-
-def drop_if_unused(model: "Model", *values: ir.Value | None) -> None:
-    """Remove those of ``values`` that are initializers no node reads any more (and not graph outputs), so that a
-    rewrite does not leave the constants it replaced behind."""
-    for v in values:
-        if v is not None and v.is_initializer() and not v.uses() and not v.is_graph_output():
-            model.del_initializer(v.name)

@@ -21,9 +21,8 @@ from finnlite.datatypes import is_integer_type
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from finnlite.tensors import DepthwiseWeight, depthwise_matrix
-from streamline.lower_common import (TO_NCHW, TO_NHWC, add_const, annotated_or_values, attr, drop_if_unused,
-                                     ensure_custom_domain, fitting_datatype, new_value, set_tensor_sparsity, shape_of,
-                                     take_over,
+from streamline.lower_common import (TO_NCHW, TO_NHWC, add_const, annotated_or_values, attr, ensure_custom_domain,
+                                     fitting_datatype, new_value, set_tensor_sparsity, shape_of, take_over,
                                      union_datatype)
 
 if TYPE_CHECKING:
@@ -193,4 +192,4 @@ class LowerConvsToMatMul(Rule):
         take_over(model, y, y_new)
         weight = node.inputs[1]
         model.remove_node(node)
-        drop_if_unused(model, weight)
+        model.drop_if_unused(weight)

@@ -10,7 +10,7 @@ import onnx_ir as ir
 from finnlite.datatypes import BaseDataType, is_integer_type
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
-from streamline.lower_common import add_const, drop_if_unused, is_op, union_datatype
+from streamline.lower_common import add_const, is_op, union_datatype
 from streamline.real_thresholds import get_real_thresholds
 
 if TYPE_CHECKING:
@@ -72,4 +72,4 @@ class RoundAndClipThresholds(Rule):
         t_val = add_const(model, new_t, f"{node.name or 'MultiThreshold'}_thresholds", tdt)
         old = node.inputs[1]
         node.replace_input_with(1, t_val)
-        drop_if_unused(model, old)
+        model.drop_if_unused(old)

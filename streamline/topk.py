@@ -10,7 +10,7 @@ import onnx_ir as ir
 from finnlite.datatypes import is_integer_type
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
-from streamline.lower_common import drop_if_unused, is_op
+from streamline.lower_common import is_op
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -91,4 +91,4 @@ class AbsorbScalarMulAddIntoTopK(Rule):
         for n in chain:
             consts = [v for v in n.inputs if v is not None and v.is_initializer()]
             model.remove_node(n)
-            drop_if_unused(model, *consts)
+            model.drop_if_unused(*consts)

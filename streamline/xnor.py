@@ -13,8 +13,8 @@ from finnlite.datatypes import DataType, smallest_int_type
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from finnlite.tensors import DepthwiseWeight
-from streamline.lower_common import (add_const, annotate, attr, copy_annotations, drop_if_unused,
-                                     ensure_custom_domain, is_op, set_attr, take_over)
+from streamline.lower_common import (add_const, annotate, attr, copy_annotations, ensure_custom_domain, is_op,
+                                     set_attr, take_over)
 from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class ConvertBipolarMatMulToXnorPopcount(Rule):
             take_over(model, y, out)
         weight = node.inputs[1]
         model.remove_node(node)
-        drop_if_unused(model, weight)
+        model.drop_if_unused(weight)
 
     @staticmethod
     def _absorb_fixup(model: "Model", mt: ir.Node, p: ir.Value, k: int) -> None:
@@ -144,4 +144,4 @@ class ConvertBipolarMatMulToXnorPopcount(Rule):
         old = mt.inputs[1]
         mt.replace_input_with(1, t_val)
         mt.replace_input_with(0, p)
-        drop_if_unused(model, old)
+        model.drop_if_unused(old)
