@@ -37,8 +37,8 @@ from finnlite.errors import VerificationError
 from finnlite.model import Model, as_model
 from verify.compare import is_integer_tensor, quant_step
 from verify.reference import ReferenceData
-from verify.region import (_FEED_ELEMENTS, constant_tensors, descendants, node_label, run_nodes, subgraph_model,
-                           topo_order)
+from verify.region import (as_constant, constant_tensors, descendants, handed_over, node_label, run_nodes,
+                           subgraph_model, topo_order)
 from verify.ties import QUANTIZER_OPS, Margin, margin_at, near_elements
 
 log = logging.getLogger(__name__)
@@ -197,15 +197,13 @@ def _executor(model: Model, names: list[str], dtype: Any = np.float32) -> Any:
     from custom_ops.executor import Executor
 
     from finnlite.io import to_proto_without
-    from finnlite.tensors import DepthwiseWeight
 
-    large = {name: v.const_value for name, v in model.graph.initializers.items() if v.const_value is not None
-             and (v.const_value.size >= _FEED_ELEMENTS or isinstance(v.const_value, DepthwiseWeight))}
+    large = {name: v.const_value for name, v in model.graph.initializers.items()
+             if v.const_value is not None and handed_over(v.const_value)}
     proto = to_proto_without(model.ir, large)
     have = {o.name for o in proto.graph.output}
     proto.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names if name not in have)
-    return Executor(proto, dtype=dtype, constants={name: t if isinstance(t, DepthwiseWeight) else t.numpy()
-                                                  for name, t in large.items()})
+    return Executor(proto, dtype=dtype, constants={name: as_constant(t) for name, t in large.items()})
 
 
 def _slice(arr: np.ndarray, i: int, b0: int) -> np.ndarray:

@@ -77,12 +77,12 @@ def _split(model: Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     import onnx_ir as ir
 
     from finnlite.io import to_proto_without
-    from verify.region import _FEED_ELEMENTS
+    from verify.region import handed_over
 
     large: dict[str, np.ndarray] = {}
     for name, v in model.graph.initializers.items():
         t = v.const_value
-        if t is None or t.size < _FEED_ELEMENTS or t.dtype == ir.DataType.STRING:
+        if t is None or not handed_over(t):
             continue
         arr = t.numpy()
         if isinstance(t, ir.serde.TensorProtoTensor):

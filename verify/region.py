@@ -386,6 +386,18 @@ def hull(model: Model, nodes: Sequence[ir.Node]) -> list[ir.Node]:
 _FEED_ELEMENTS = FEED_ELEMENTS
 
 
+def handed_over(tensor: Any) -> bool:
+    """True if an initializer goes to an executor as one of its ``constants`` rather than serialized into the model
+    it runs: a compact depthwise weight (kept compact, see :mod:`finnlite.tensors`) or a large numeric tensor."""
+    return isinstance(tensor, DepthwiseWeight) or (tensor.size >= _FEED_ELEMENTS
+                                                   and tensor.dtype != ir.DataType.STRING)
+
+
+def as_constant(tensor: Any) -> Any:
+    """A handed-over initializer as the executor takes it: a depthwise weight as it is, anything else as an array."""
+    return tensor if isinstance(tensor, DepthwiseWeight) else tensor.numpy()
+
+
 def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[str, np.ndarray]],
               forced: set[str], constants: set[str], dtype: Any = np.float32) -> list[dict[str, np.ndarray]]:
     """Run ``nodes`` of ``after`` on each cached sample: the tensors they read but do not produce, and the
@@ -421,10 +433,8 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
         init = inits.get(name)
         if init is not None and init.const_value is not None and name not in forced:
             tensor = init.const_value
-            if isinstance(tensor, DepthwiseWeight):
-                big[name] = tensor  # compact: the executor runs a fused depthwise pair on the kernel
-            elif tensor.size >= _FEED_ELEMENTS:
-                big[name] = tensor.numpy()  # handed to the executor as an array, not serialized into the model
+            if handed_over(tensor):
+                big[name] = as_constant(tensor)
             else:
                 const_values[name] = tensor.numpy()
         elif name in constants and name not in forced:
