@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
 from finnlite.errors import FixpointError, PassError
+from finnlite.memory import trim_heap
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -343,6 +344,7 @@ class PassManager:
                                     f"passes still changing the graph: {', '.join(names)}")
         for p in passes:
             report.misses.extend(getattr(p, "misses", []))
+        trim_heap()  # what the stage freed (replaced weights, temporaries) leaves the peak of the stages after it
         report.stage_seconds[stage.name] = report.stage_seconds.get(stage.name, 0.0) + time.perf_counter() - t0
         self._call("after_stage", stage, model)
 

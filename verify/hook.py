@@ -32,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx_ir as ir
 
+from custom_ops.plan import release_memory
 from finnlite.errors import VerificationError
 from finnlite.model import Model, freeze
 from finnlite.tensors import is_immutable
@@ -252,6 +253,7 @@ class VerificationHook:
             self._pool.shutdown(wait=True)
             self._pool = None
         self.verifier, self._started, self._structure, self._copies = None, False, None, {}
+        release_memory()  # the verifier's cached tensors and the checks' intermediates
 
     def after_run(self, model: Model, report: Any = None) -> None:
         """The pipeline finished: wait for the last checks and raise a failure."""

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
+from custom_ops.plan import release_memory
 from finnlite.datatypes import BaseDataType, is_integer_type
 from finnlite.errors import ConfigError
 from finnlite.model import Model, as_model, freeze, is_frozen
@@ -402,6 +403,7 @@ class ReferenceData:
         self._executors.pop(np.dtype(np.float32).name, None)
         if spill:
             self._weights.spill()
+        release_memory()  # the folded weights and the runs' intermediates (custom_ops.plan.release_memory)
 
     def __repr__(self) -> str:
         return f"<ReferenceData {self.source}: {self.num_samples} samples of {[s.name for s in self.specs]}>"
