@@ -2,11 +2,12 @@
 
 Per-pass verification keeps the value of every tensor of the current model version (:mod:`verify.verifier`). The
 outputs of ``Im2Col`` nodes are ``kh·kw`` times their input (84 MB of the cache of resnet18_4w4a_ts on 5 samples
-after lowering, 71 MB of MobileNet-v1's on one), and a region run need not make them: the executor runs an
+after lowering, 71 MB of MobileNet-v1's on one), and a region run often need not make them: the executor runs an
 ``Im2Col`` and the ``MatMul`` reading it as one ``Conv`` (:mod:`custom_ops.intconv`). :func:`verify.region.run_nodes`
-then returns such a window as a :class:`Recompute` entry (the ``Im2Col`` kernel and its input array), and
-:class:`SampleValues` makes the array, by that kernel, only when the entry is read: a window is pure data movement
-of its input, so the array is the one the run would have returned. Entries pass from a run's results into the
+returns every window as a :class:`Recompute` entry (the ``Im2Col`` kernel and its input array), whether the run
+made it (an unfused pair: a float input, a binary ``XnorPopcountMatMul``) or not, and :class:`SampleValues` makes
+the array, by that kernel, only when the entry is read: a window is pure data movement of its input, so the array
+is the one the run returns. Entries pass from a run's results into the
 cache as they are. Readers that need only a tensor's shape and dtype use :meth:`SampleValues.meta`.
 """
 

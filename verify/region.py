@@ -404,8 +404,8 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
     ``forced`` tensors (teacher forcing: the nodes reading them get the cached value instead of the computed one),
     come from the sample's values; initializers and other ``constants`` become initializers. Returns, per sample,
     every tensor the run computed (for a forced tensor, the computed value) and the ones it read, as a
-    :class:`~verify.cache.SampleValues`: the windows of an ``Im2Col`` whose MatMul ran as one Conv with it are not
-    computed but kept as recomputations from their input (made when read). ``dtype``: the executor's float type
+    :class:`~verify.cache.SampleValues`: the windows of an ``Im2Col`` are kept as recomputations from its input
+    (made when read), whether the run made them or not (not when the MatMul reading them ran as one Conv with it). ``dtype``: the executor's float type
     (float64 runs every float tensor in double precision)."""
     from custom_ops.executor import Executor
     from custom_ops.registry import make_op
@@ -447,13 +447,18 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
     results = []
     for values in samples:
         out = SampleValues(ex.run({name: values[name] for name in feeds0}, return_all=True, windows=False))
-        for p in windows:  # not computed (the MatMul reading them ran as a Conv): made from their input if read
-            if p.output[0] not in out and p.input[0] in out:
-                x = out[p.input[0]]
-                shape = ex.static_shape(p.output[0])
+        for p in windows:  # kept as recomputations from their input, made if read (verify.cache)
+            if p.input[0] not in out:
+                continue
+            x = out[p.input[0]]
+            computed = dict.get(out, p.output[0])
+            if isinstance(computed, np.ndarray):  # the run made it (no Conv read it): the cache need not keep it
+                shape, dt = computed.shape, computed.dtype
+            else:  # not computed: the MatMul reading it ran as a Conv
+                shape, dt = ex.static_shape(p.output[0]), x.dtype
                 if shape is None:
                     shape = tuple(make_op(p).infer_shapes([x.shape], [None])[0])
-                dict.__setitem__(out, p.output[0], Recompute(make_op(p), [x], shape, x.dtype))
+            dict.__setitem__(out, p.output[0], Recompute(make_op(p), [x], shape, dt))
         for name in forced & produced:  # report what the nodes computed, not what was fed
             if f"{name}__recomputed" in out:
                 dict.__setitem__(out, name, dict.pop(out, f"{name}__recomputed"))

@@ -1,4 +1,4 @@
-"""The verifier's cache keeps the windows of a fused Im2Col as recomputations (verify.cache), and per-pass
+"""The verifier's cache keeps the windows of an Im2Col as recomputations (verify.cache), fused or not, and per-pass
 verification still sees every change to them."""
 
 from __future__ import annotations
@@ -62,6 +62,27 @@ def test_lowering_caches_the_window_as_a_recomputation_equal_to_it(depthwise):
         want = full.run(ref.sample(i), return_all=True)[window]
         got = values[window]
         assert got.dtype == want.dtype and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_a_window_the_run_made_is_cached_as_a_recomputation_too():
+    """A float input has no integer range: the Im2Col runs and its MatMul reads the window (not fused). The cache
+    still holds the window as a recomputation, and it is the array the run made."""
+    g = GraphBuilder()
+    c = 3
+    y = g.node("Conv", ["x", g.const(int_weights(RNG, (c, c, 3, 3)))], pads=[1, 1, 1, 1])
+    model = g.build({"x": (1, c, 5, 5)}, [y])
+    ref = ReferenceData.random(model, n=2, seed=4, low=-3, high=3)
+    hook = VerificationHook(ref, background=False)
+    PassManager([Stage("lower", LOWER_PASSES, granularity="stage")], [hook]).run(model)
+    window = model.get_nodes_by_op_type("Im2Col")[0].outputs[0].name
+    full = Executor(model.to_proto())
+    assert not full._fused
+    for i, values in enumerate(hook.verifier.values):
+        assert isinstance(dict.__getitem__(values, window), Recompute)
+        want = full.run(ref.sample(i), return_all=True)[window]
+        got = values[window]
+        assert got.dtype == want.dtype and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        assert values.meta(window) == (want.shape, want.dtype)
 
 
 class PadWithOne(Rule):
