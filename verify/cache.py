@@ -7,8 +7,8 @@ after lowering, 71 MB of MobileNet-v1's on one), and a region run often need not
 returns every window as a :class:`Recompute` entry (the ``Im2Col`` kernel and its input array), whether the run
 made it (an unfused pair: a float input, a binary ``XnorPopcountMatMul``) or not, and :class:`SampleValues` makes
 the array, by that kernel, only when the entry is read: a window is pure data movement of its input, so the array
-is the one the run returns. Entries pass from a run's results into the
-cache as they are. Readers that need only a tensor's shape and dtype use :meth:`SampleValues.meta`.
+is the one the run returns. Entries pass from a run's results into the cache as they are. Readers that need only a
+tensor's shape and dtype use :meth:`SampleValues.meta`.
 """
 
 from __future__ import annotations

@@ -404,9 +404,9 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
     ``forced`` tensors (teacher forcing: the nodes reading them get the cached value instead of the computed one),
     come from the sample's values; initializers and other ``constants`` become initializers. Returns, per sample,
     every tensor the run computed (for a forced tensor, the computed value) and the ones it read, as a
-    :class:`~verify.cache.SampleValues`: the windows of an ``Im2Col`` are kept as recomputations from its input
-    (made when read), whether the run made them or not (not when the MatMul reading them ran as one Conv with it). ``dtype``: the executor's float type
-    (float64 runs every float tensor in double precision)."""
+    :class:`~verify.cache.SampleValues`, in which every ``Im2Col``'s windows are a recomputation from its input,
+    made when read (whether the run made them, or skipped them because the MatMul reading them ran as one Conv).
+    ``dtype``: the executor's float type (float64 runs every float tensor in double precision)."""
     from custom_ops.executor import Executor
     from custom_ops.registry import make_op
 
@@ -443,11 +443,11 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
             feeds0[name] = samples[0][name]
     model = _model_of(protos, feeds0, const_values, after.graph.opset_imports)
     ex = Executor(model, dtype=dtype, constants=big)
-    windows = [p for p in protos if p.op_type == "Im2Col" and p.domain and p.input and p.output]
+    windows = [(p, make_op(p)) for p in protos if p.op_type == "Im2Col" and p.domain and p.input and p.output]
     results = []
     for values in samples:
         out = SampleValues(ex.run({name: values[name] for name in feeds0}, return_all=True, windows=False))
-        for p in windows:  # kept as recomputations from their input, made if read (verify.cache)
+        for p, op in windows:  # kept as recomputations from their input, made if read (verify.cache)
             if p.input[0] not in out:
                 continue
             x = out[p.input[0]]
@@ -457,8 +457,8 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
             else:  # not computed: the MatMul reading it ran as a Conv
                 shape, dt = ex.static_shape(p.output[0]), x.dtype
                 if shape is None:
-                    shape = tuple(make_op(p).infer_shapes([x.shape], [None])[0])
-            dict.__setitem__(out, p.output[0], Recompute(make_op(p), [x], shape, dt))
+                    shape = tuple(op.infer_shapes([x.shape], [None])[0])
+            dict.__setitem__(out, p.output[0], Recompute(op, [x], shape, dt))
         for name in forced & produced:  # report what the nodes computed, not what was fed
             if f"{name}__recomputed" in out:
                 dict.__setitem__(out, name, dict.pop(out, f"{name}__recomputed"))
