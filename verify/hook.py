@@ -36,10 +36,11 @@ from custom_ops.plan import release_memory
 from finnlite.errors import VerificationError
 from finnlite.model import Model, freeze
 from finnlite.tensors import is_immutable
+from verify.clone import clone_model
 from verify.policies import DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, resolve_policy
 from verify.reference import ReferenceData
+from verify.region import structure_key
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, NearTie
-from verify.region import clone_model, structure_key
 from verify.verifier import CheckOutcome, Verifier
 
 log = logging.getLogger(__name__)

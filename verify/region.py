@@ -30,10 +30,10 @@ from finnlite.compat import IR_VERSION
 from finnlite.model import Model
 from finnlite.tensors import DepthwiseWeight, is_immutable
 from verify.cache import Recompute, SampleValues
+from verify.clone import clone_model
 
 __all__ = ["Fingerprints", "Snapshot", "Change", "find_change", "run_nodes", "topo_order", "node_label",
-           "constant_tensors", "subgraph_model", "descendants", "ancestors", "hull", "structure_key", "node_signature",
-           "clone_model"]
+           "constant_tensors", "subgraph_model", "descendants", "ancestors", "hull", "structure_key", "node_signature"]
 
 
 def node_label(node: ir.Node) -> str:
@@ -130,21 +130,6 @@ def node_signature(node: ir.Node, fps: Fingerprints) -> tuple:
     attrs = tuple(sorted([(k, fps.attribute(a)) for k, a in _items(node.attributes)]))
     return (node.domain or "", node.op_type, node.overload or "", tuple(ins), tuple(o.name for o in node.outputs),
             attrs)
-
-
-def clone_model(model: Model) -> Model:
-    """A structural copy of ``model`` (new graph, nodes and values; the initializer tensors are shared). A value
-    that nodes read but nothing defines (a pass left it dangling) stays shared rather than failing the copy: the
-    check then reports it."""
-    src = model.ir
-    graph = src.graph.clone(allow_outer_scope_values=True)
-    copy = ir.Model(graph, ir_version=src.ir_version, producer_name=src.producer_name,
-                    producer_version=src.producer_version, domain=src.domain, model_version=src.model_version,
-                    doc_string=src.doc_string, functions=[f.clone() for f in src.functions.values()],
-                    metadata_props=dict(src.metadata_props))
-    if getattr(src, "device_configurations", None):
-        copy.device_configurations = src.device_configurations
-    return Model(copy, check=False)
 
 
 def _items(mapping: Any) -> Any:
