@@ -4,15 +4,16 @@ Per-pass verification copies the model after every pass that changed it (the cop
 compare and the next check's *before*), on the thread that runs the passes, so the copy's cost is paid in full by
 the pipeline. onnx_ir's generic cloner (``Graph.clone``) does this in 4.6 ms for MobileNet-v1 (141 nodes, 180
 initializers); :func:`clone_model` builds the same graph directly, without the cloner's per-call wrappers,
-substitution maps and device-configuration remapping, in 1.4-1.7 ms. A graph with subgraph attributes (If, Loop,
+substitution maps and device-configuration remapping, in 1.8 ms. A graph with subgraph attributes (If, Loop,
 Scan) goes through onnx_ir's cloner, which copies the subgraphs.
 
-What the copy shares with the original, as onnx_ir's cloner does: the tensors (initializers and constant values:
-finnlite replaces them rather than editing them, and :class:`verify.hook.VerificationHook` freezes the writable
-ones) and the attribute objects (a pass sets a new ``Attr``; it does not edit one). What it copies: every node and
-value, editable value shapes (frozen ones are shared), the ``metadata_props`` of nodes, values and the graph, and the ``meta`` stores (one level
-deep: finnlite replaces an annotation dict, it does not edit one in place). A value that nodes read but nothing
-defines (a pass left it dangling) stays shared rather than failing the copy: the check then reports it.
+What the copy shares with the original: the tensors (initializers and constant values: finnlite replaces them
+rather than editing them, and :class:`verify.hook.VerificationHook` freezes the writable ones) and the attribute
+objects (a pass sets a new ``Attr``; it does not edit one), as onnx_ir's cloner does, and frozen shapes (read from
+a file; they cannot change). What it copies: every node and value, editable shapes, the ``metadata_props`` of
+nodes, values and the graph, and the ``meta`` stores (one level deep: finnlite replaces an annotation dict, it
+does not edit one in place). A value that nodes read but nothing defines (a pass left it dangling) stays shared
+rather than failing the copy: the check then reports it.
 """
 
 from __future__ import annotations
