@@ -74,8 +74,8 @@ from custom_ops.base import CustomOp
 from custom_ops.float64_ops import FLOAT64_KERNELS, Float64Op
 from custom_ops.intconv import fuse_im2col_matmul
 from custom_ops.lowering import Lowering, LoweringContext, NotLowerable, lower_node
-from custom_ops.plan import (Kernel, KernelStep, NodeSessionStep, Plan, RegionStep, Step, as_model_proto,
-                             node_inputs, node_label, value_info_dims)
+from custom_ops.plan import (FEED_ELEMENTS, Kernel, KernelStep, NodeSessionStep, Plan, RegionStep, Step,
+                             as_model_proto, node_inputs, node_label, value_info_dims)
 from finnlite.compat import fix_ir_version
 from finnlite.errors import FinnliteError, GraphError, OpError
 from finnlite.tensors import DepthwiseWeight
@@ -109,12 +109,18 @@ class Executor:
     ``model``; a graph input of that name becomes a constant), or as :class:`~finnlite.tensors.DepthwiseWeight`
     tensors, kept compact: a fused depthwise ``Im2Col → MatMul`` runs on the kernel, and the dense matrix is made
     (once) only for a node that reads it otherwise; such a constant is left out of ``return_all`` results unless it
-    was made dense. Raises :class:`GraphError` for a malformed graph and :class:`OpError` for an unknown custom op.
+    was made dense. ``fold_large=False``: a node reading a constant of
+    :data:`~custom_ops.plan.FEED_ELEMENTS` elements or more (a weight quantizer) is not folded but runs at each
+    run, so the executor holds no second copy of the weights (same results; costs the quantizers' time per run: for
+    an executor run a few times, such as the original model's in :class:`verify.ReferenceData`). Raises
+    :class:`GraphError` for a malformed graph and :class:`OpError` for an unknown custom op.
     """
 
     def __init__(self, model: Any, *, dtype: Any = np.float32, lower: bool = True, batch_mode: str = "per_item",
-                 threads: int | None = None, constants: Mapping[str, np.ndarray] | None = None) -> None:
+                 threads: int | None = None, constants: Mapping[str, np.ndarray] | None = None,
+                 fold_large: bool = True) -> None:
         self.dtype = np.dtype(dtype)
+        self.fold_large = fold_large
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, not {self.dtype}")
         if batch_mode not in BATCH_MODES:
@@ -364,7 +370,9 @@ class Executor:
         for i, node in enumerate(nodes):
             inputs = node_inputs(node)
             if (not all(t in self._constants or t in pending for t in inputs)
-                    or not (inputs or node.op_type == "Constant") or node.op_type in _NONDETERMINISTIC):
+                    or not (inputs or node.op_type == "Constant") or node.op_type in _NONDETERMINISTIC
+                    or (not self.fold_large and any(t in self._constants and self._constants[t].size >= FEED_ELEMENTS
+                                                    for t in inputs))):
                 if i in ops:
                     kept_ops[len(kept)] = ops[i]
                 kept.append(node)

@@ -1,0 +1,69 @@
+"""Quantized weights in memory: regions run their nodes in the order given (a weight quantizer right before the
+layer reading it, not all of them first), and ``Executor(fold_large=False)`` computes large weight quantizers at
+each run instead of holding their results, with the same results bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from custom_ops.executor import Executor
+from custom_ops.plan import FEED_ELEMENTS, session_options
+from finnlite.compat import IR_VERSION, QONNX_DOMAIN, fix_ir_version, make_model
+
+
+def _layers(rng: np.random.Generator, sizes: list[int], quant: bool) -> object:
+    """x → MatMul(x, Q(w_k)) for each k: ``Q`` a qonnx Quant (``quant``) or a Div by a scale."""
+    nodes, inits = [], []
+    x = "x"
+    for k, n in enumerate(sizes):
+        inits += [numpy_helper.from_array(rng.normal(size=(n, n)).astype(np.float32), f"w{k}"),
+                  numpy_helper.from_array(np.float32(0.25), f"s{k}")]
+        if quant:
+            inits += [numpy_helper.from_array(np.float32(0.0), f"z{k}"),
+                      numpy_helper.from_array(np.float32(4.0), f"b{k}")]
+            nodes.append(helper.make_node("Quant", [f"w{k}", f"s{k}", f"z{k}", f"b{k}"], [f"q{k}"], name=f"quant{k}",
+                                          domain=QONNX_DOMAIN, signed=1, narrow=1, rounding_mode="ROUND"))
+        else:
+            nodes.append(helper.make_node("Div", [f"w{k}", f"s{k}"], [f"q{k}"], name=f"quant{k}"))
+        nodes.append(helper.make_node("MatMul", [x, f"q{k}"], [f"y{k}"], name=f"mm{k}"))
+        x = f"y{k}"
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "layers", [vi("x", TensorProto.FLOAT, [2, sizes[0]])],
+                              [vi(x, TensorProto.FLOAT, [2, sizes[-1]])], inits)
+    return make_model(graph)
+
+
+def test_regions_run_their_nodes_in_the_order_given(tmp_path):
+    model = fix_ir_version(_layers(np.random.default_rng(0), [8] * 4, quant=False), IR_VERSION)
+    opts = session_options()
+    opts.enable_profiling = True
+    opts.profile_file_prefix = str(tmp_path / "order")
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    session.run(None, {"x": np.ones((2, 8), np.float32)})
+    path = session.end_profiling()
+    events = json.loads(open(path).read())
+    os.remove(path)
+    order = [e["name"][: -len("_kernel_time")] for e in events
+             if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    # onnxruntime's default order runs quant3, quant2, quant1, quant0 first: every quantized weight alive at once
+    assert order == ["quant0", "mm0", "quant1", "mm1", "quant2", "mm2", "quant3", "mm3"]
+
+
+def test_fold_large_false_quantizes_large_weights_at_each_run_with_the_same_bits():
+    side = int(np.ceil(np.sqrt(FEED_ELEMENTS)))  # one weight at the size where weights are fed, one small one
+    model = _layers(np.random.default_rng(1), [side, side], quant=True)
+    x = {"x": np.random.default_rng(2).normal(size=(2, side)).astype(np.float32)}
+    folded, unfolded = Executor(model), Executor(model, fold_large=False)
+    assert folded.describe().startswith("2 nodes to run")  # both quantizers folded
+    assert unfolded.describe().startswith("4 nodes to run")  # both weights are large: both quantizers run
+    a, b = folded.run(x, return_all=True), unfolded.run(x, return_all=True)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert np.array_equal(a[name], b[name]) and a[name].dtype == b[name].dtype, name
+    small = _layers(np.random.default_rng(1), [8, 8], quant=True)
+    assert Executor(small, fold_large=False).describe().startswith("2 nodes to run")  # small weights still fold
