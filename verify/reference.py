@@ -360,16 +360,18 @@ class ReferenceData:
         """True if ``model`` has the structure of the original (same nodes, wiring and initializer shapes)."""
         return fingerprint(model) == self._fingerprint
 
-    def executor(self, dtype: Any = np.float32) -> Any:
-        """The oracle for the original model in ``dtype`` (built once). Its large weight quantizers run at each run
-        rather than being folded (``fold_large=False``): it runs a few times, and folded they would double the
-        weights in memory (17.7 MB for MobileNet-v1) while the pipeline's model still holds them."""
+    def executor(self, dtype: Any = np.float32, *, fold: bool = False) -> Any:
+        """The oracle for the original model in ``dtype`` (built once per dtype and ``fold``). Without ``fold`` its
+        large weight quantizers run at each run (``Executor(fold_large=False)``): folded, they would double the
+        weights in memory (17.7 MB for MobileNet-v1) while the pipeline's model still holds them. ``fold``: they
+        are folded, for runs that return every tensor (:meth:`values`), whose results then share the quantized
+        weights instead of holding a copy per sample."""
         from custom_ops.executor import Executor
 
-        key = np.dtype(dtype).name
+        key = np.dtype(dtype).name + ("/folded" if fold else "")
         if key not in self._executors:
             self._executors[key] = Executor(self._proto, dtype=dtype, constants=self._weights.arrays(),
-                                            fold_large=False)
+                                            fold_large=fold)
         return self._executors[key]
 
     def outputs(self, dtype: Any = np.float32) -> dict[str, np.ndarray]:
@@ -377,14 +379,16 @@ class ReferenceData:
         key = np.dtype(dtype).name
         if key not in self._outputs:
             log.info("computing the reference outputs (%s, %d samples)", key, self.num_samples)
-            self._outputs[key] = self.executor(dtype).run(self.inputs)
+            # an executor with folded weights, if one was built for values(), computes the same bits
+            executor = self._executors.get(key + "/folded") or self.executor(dtype)
+            self._outputs[key] = executor.run(self.inputs)
         return self._outputs[key]
 
     def values(self, i: int, dtype: Any = np.float32) -> dict[str, np.ndarray]:
         """Every tensor of the original model on sample ``i`` (inputs, constants, node outputs), computed once."""
         key = (np.dtype(dtype).name, i)
         if key not in self._values:
-            self._values[key] = self.executor(dtype).run(self.sample(i), return_all=True)
+            self._values[key] = self.executor(dtype, fold=True).run(self.sample(i), return_all=True)
         return self._values[key]
 
     def take_values(self, i: int, dtype: Any = np.float32) -> dict[str, np.ndarray]:
@@ -393,17 +397,19 @@ class ReferenceData:
         key = (np.dtype(dtype).name, i)
         if key in self._values:
             return self._values.pop(key)
-        return self.executor(dtype).run(self.sample(i), return_all=True)
+        return self.executor(dtype, fold=True).run(self.sample(i), return_all=True)
 
     def precompute(self, values: int = 0, *, spill: bool = True) -> None:
         """Compute now, with one float32 executor of the original, its outputs on every sample and (for per-pass
-        verification) every tensor on the first ``values`` samples; then drop that executor and its folded
-        constants and, with ``spill``, move the original's weights out of memory (module docstring). Nothing
-        changes in what the other methods return; after a spill they read the weights back from the file."""
-        self.outputs(np.float32)
+        verification) every tensor on the first ``values`` samples (then with its weight quantizers folded, see
+        :meth:`executor`); then drop that executor and its folded constants and, with ``spill``, move the
+        original's weights out of memory (module docstring). Nothing changes in what the other methods return;
+        after a spill they read the weights back from the file."""
         for i in range(min(values, self.num_samples)):
             self.values(i)
-        self._executors.pop(np.dtype(np.float32).name, None)
+        self.outputs(np.float32)
+        for key in (np.dtype(np.float32).name, np.dtype(np.float32).name + "/folded"):
+            self._executors.pop(key, None)
         if spill:
             self._weights.spill()
         release_memory()  # the folded weights and the runs' intermediates (custom_ops.plan.release_memory)

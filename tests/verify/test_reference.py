@@ -160,6 +160,39 @@ def test_precompute_spills_the_weights_and_every_result_stays_the_same() -> None
     np.testing.assert_array_equal(ref.subset([2]).outputs()["y"], plain.outputs()["y"][2:])
 
 
+def _quantized_weight_model():
+    """x -> MatMul(x, Quant(w)) with w large enough to be fed (not folded by the reference's outputs executor)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from finnlite import Model
+    from finnlite.compat import QONNX_DOMAIN, make_model
+    from verify.region import _FEED_ELEMENTS
+
+    k, n = 256, _FEED_ELEMENTS // 256 + 1
+    w = np.random.default_rng(0).normal(size=(k, n)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")] + [numpy_helper.from_array(np.float32(v), name)
+                                                  for name, v in (("s", 0.25), ("z", 0.0), ("b", 4.0))]
+    nodes = [helper.make_node("Quant", ["w", "s", "z", "b"], ["q"], domain=QONNX_DOMAIN, signed=1, narrow=1,
+                              rounding_mode="ROUND"), helper.make_node("MatMul", ["x", "q"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], inits)
+    return Model(make_model(graph))
+
+
+def test_weight_quantizers_fold_only_for_runs_that_return_every_tensor() -> None:
+    model = _quantized_weight_model()
+    ref = ReferenceData.random(model, n=2, seed=1)
+    outputs = ref.outputs()["y"]
+    # the outputs' executor quantizes the weight at each run: no second copy of the weights while the pipeline runs
+    assert ref.executor().describe().startswith("2 nodes to run")
+    first, second = ref.values(0), ref.values(1)
+    assert first["q"] is second["q"]  # every sample's tensors share the folded weight, not a copy each
+    np.testing.assert_array_equal(np.concatenate([first["y"], second["y"]]), outputs)
+    again = ReferenceData.random(model, n=2, seed=1)
+    again.precompute(values=1)  # values first, then the outputs from the same (folded) executor: same bits
+    np.testing.assert_array_equal(again.outputs()["y"], outputs)
+
+
 def test_a_failed_spill_keeps_the_weights_in_memory(monkeypatch) -> None:
     import tempfile
 
