@@ -164,7 +164,7 @@ class ReferenceData:
         if not self.specs:
             raise ReferenceDataError("the model has no data inputs")
         self.inputs, self.num_samples = self._validate(inputs)
-        self._executors: dict[str, Any] = {}
+        self._executors: dict[tuple[str, bool], Any] = {}  # by (dtype name, weight quantizers folded)
         self._outputs: dict[str, dict[str, np.ndarray]] = {}
         self._values: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self._original: Model | None = None
@@ -368,7 +368,7 @@ class ReferenceData:
         weights instead of holding a copy per sample."""
         from custom_ops.executor import Executor
 
-        key = np.dtype(dtype).name + ("/folded" if fold else "")
+        key = (np.dtype(dtype).name, fold)
         if key not in self._executors:
             self._executors[key] = Executor(self._proto, dtype=dtype, constants=self._weights.arrays(),
                                             fold_large=fold)
@@ -380,7 +380,7 @@ class ReferenceData:
         if key not in self._outputs:
             log.info("computing the reference outputs (%s, %d samples)", key, self.num_samples)
             # an executor with folded weights, if one was built for values(), computes the same bits
-            executor = self._executors.get(key + "/folded") or self.executor(dtype)
+            executor = self._executors.get((key, True)) or self.executor(dtype)
             self._outputs[key] = executor.run(self.inputs)
         return self._outputs[key]
 
@@ -408,8 +408,8 @@ class ReferenceData:
         for i in range(min(values, self.num_samples)):
             self.values(i)
         self.outputs(np.float32)
-        for key in (np.dtype(np.float32).name, np.dtype(np.float32).name + "/folded"):
-            self._executors.pop(key, None)
+        for fold in (False, True):
+            self._executors.pop((np.dtype(np.float32).name, fold), None)
         if spill:
             self._weights.spill()
         release_memory()  # the folded weights and the runs' intermediates (custom_ops.plan.release_memory)

@@ -46,7 +46,8 @@ def test_regions_run_their_nodes_in_the_order_given(tmp_path):
     session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     session.run(None, {"x": np.ones((2, 8), np.float32)})
     path = session.end_profiling()
-    events = json.loads(open(path).read())
+    with open(path) as f:
+        events = json.load(f)
     os.remove(path)
     order = [e["name"][: -len("_kernel_time")] for e in events
              if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
