@@ -201,7 +201,7 @@ def _executor(model: Model, names: list[str], dtype: Any = np.float32) -> Any:
 
     large = {name: v.const_value for name, v in model.graph.initializers.items()
              if v.const_value is not None and handed_over(v.const_value)}
-    proto = to_proto_without(model.ir, large)
+    proto = to_proto_without(model.ir, large, node_metadata=False)
     have = {o.name for o in proto.graph.output}
     proto.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names if name not in have)
     return Executor(proto, dtype=dtype, constants={name: as_constant(t) for name, t in large.items()})

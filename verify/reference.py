@@ -90,7 +90,7 @@ def _split(model: Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
             large[name] = freeze(arr)  # a fresh array of the proto's bytes
         else:
             large[name] = arr if is_frozen(arr) else freeze(np.array(arr))
-    return to_proto_without(model.ir, large), large
+    return to_proto_without(model.ir, large, node_metadata=False), large
 
 
 class _Weights:

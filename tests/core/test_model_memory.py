@@ -201,3 +201,23 @@ def test_del_initializer_frees_the_array_and_lookups_stay_right():
     gc.collect()
     assert ref() is None and model.value("spare") is None and model.get_initializer("spare") is None
     assert model.value("c0") is not None
+
+
+def test_executor_protos_leave_node_metadata_out_and_the_model_as_it_was():
+    """``to_proto_without(..., node_metadata=False)`` (the verifier's executors never read node metadata: exact
+    thresholds are megabytes of it) serializes the nodes without their ``metadata_props`` and leaves the model's
+    metadata as it was, down to the very text objects."""
+    from finnlite.io import to_proto_without
+
+    model = Model(chain_model(3))
+    text = "x" * 1000
+    node = next(iter(model.graph))
+    node.metadata_props["finnlite.real_thresholds"] = text
+    node.metadata_props["other"] = "kept"
+    plain = to_proto_without(model.ir, ["c1"])
+    lean = to_proto_without(model.ir, ["c1"], node_metadata=False)
+    assert {p.key for p in plain.graph.node[0].metadata_props} == {"finnlite.real_thresholds", "other"}
+    assert not any(n.metadata_props for n in lean.graph.node)
+    assert [t.name for t in lean.graph.initializer] == [t.name for t in plain.graph.initializer] == ["c0", "c2"]
+    assert list(node.metadata_props) == ["finnlite.real_thresholds", "other"]
+    assert node.metadata_props["finnlite.real_thresholds"] is text and node.metadata_props["other"] == "kept"
