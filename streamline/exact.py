@@ -12,7 +12,6 @@ Helpers here find a node's constant operand, read it exactly, and reduce it to a
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from fractions import Fraction
 from typing import Any
 
@@ -39,11 +38,10 @@ def exact_value(node: ir.Node, value: np.ndarray) -> np.ndarray:
     """The exact constant of ``node`` as an object array of Fractions (its metadata if present, else ``value``)."""
     text = node.metadata_props.get(EXACT_KEY)
     if text:
-        return _parse_exact(text).copy()
+        return _parse_exact(text)
     return fractions_of(value)
 
 
-@lru_cache(maxsize=1024)
 def _parse_exact(text: str) -> np.ndarray:
     data = json.loads(text)
     arr = np.empty(len(data["values"]), dtype=object)

@@ -29,7 +29,6 @@ import weakref
 import json
 import math
 from fractions import Fraction
-from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -131,12 +130,18 @@ class RealThresholds:
 
     def rows(self, index: Sequence[int] | np.ndarray) -> "RealThresholds":
         """The thresholds of the rows ``index`` (e.g. a permutation of the channels)."""
-        full = self._full()
         idx = np.asarray(index)
-        return RealThresholds(full.base[idx], full.strict[idx], full.alpha[idx], full.beta[idx])
+        pick = lambda a: a if a.shape[0] == 1 else a[idx]  # noqa: E731 - a single row is every channel's
+        return RealThresholds(pick(self.base), pick(self.strict), pick(self.alpha), pick(self.beta))
 
     def _with_rows(self, n: int) -> "RealThresholds":
-        return self if n == 1 or self.shape[0] == n else self.broadcast_channels(n)
+        """The same thresholds with α and β given per channel for ``n`` channels (for per-channel constants);
+        a single row of base thresholds stays one row, shared by every channel (they are C times smaller so)."""
+        if n == 1 or self.shape[0] == n:
+            return self
+        if self.shape[0] != 1:
+            raise ValueError(f"cannot broadcast {self.shape[0]} threshold rows to {n} channels")
+        return RealThresholds(self.base, self.strict, np.repeat(self.alpha, n), np.repeat(self.beta, n))
 
     def shifted(self, b: Any) -> "RealThresholds":
         """Thresholds for the input before ``Add(b)``: ``R − b`` (``b`` scalar or one value per channel)."""
@@ -272,7 +277,6 @@ def _least_float32(r: Fraction, strict: bool) -> np.float32:
             return f
 
 
-@lru_cache(maxsize=512)
 def _parse(text: str) -> RealThresholds:
     data = json.loads(text)
     shape = tuple(data["shape"])
@@ -339,7 +343,8 @@ def quant_real_thresholds(scale: np.ndarray, zeropoint: np.ndarray, bitwidth: in
     return RealThresholds(base, np.repeat(strict, rows, axis=0))
 
 
-#: the object behind each node's metadata text, so that reading back what was just written costs no parsing
+#: the object behind each node's metadata text, so that reading back what was just written (or read) costs no
+#: parsing; it lives as long as the node, where a cache keyed by the text kept every version a rewrite replaced
 _BY_NODE: "weakref.WeakKeyDictionary[Any, tuple[str, RealThresholds]]" = weakref.WeakKeyDictionary()
 
 
@@ -351,7 +356,9 @@ def get_real_thresholds(node: Any) -> RealThresholds | None:
     hit = _BY_NODE.get(node)
     if hit is not None and hit[0] is text:
         return hit[1]
-    return _parse(text)
+    rt = _parse(text)
+    _BY_NODE[node] = (text, rt)
+    return rt
 
 
 def set_real_thresholds(node: Any, rt: RealThresholds | None) -> None:

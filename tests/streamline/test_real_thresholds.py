@@ -111,3 +111,45 @@ def test_exact_sums_are_exact_for_any_exponent_span():
         for o in range(3):
             for i in range(4):
                 assert got[o, i] == sum((Fraction(float(v)) for v in w[o, i]), Fraction(0))
+
+
+def test_per_channel_constants_keep_one_shared_row_of_base_thresholds():
+    """A per-tensor quantizer's thresholds absorbing per-channel constants keep one row of base thresholds (C times
+    smaller, in memory and in the node's metadata) and mean what the expanded form means."""
+    rt = quant_real_thresholds(np.float32(0.375), 0.0, 4, True, False)
+    a = np.array([1.5, 0.75, 3.0, 0.5])
+    b = np.array([0.25, -1.0, 0.5, 2.0])
+    moved = rt.shifted(b).scaled(a)
+    expanded = rt.broadcast_channels(4).shifted(b).scaled(a)
+    assert moved.base.shape == (1, 15) and moved.shape == (4, 15) == expanded.shape
+    assert moved.real.tolist() == expanded.real.tolist()
+    np.testing.assert_array_equal(moved.integer_thresholds(), expanded.integer_thresholds())
+    np.testing.assert_array_equal(moved.float_thresholds(), expanded.float_thresholds())
+    assert len(moved.to_json()) < len(expanded.to_json()) / 2
+    assert RealThresholds.from_json(moved.to_json()).real.tolist() == moved.real.tolist()
+    perm = np.array([2, 0, 3, 1])
+    assert moved.rows(perm).real.tolist() == expanded.real[perm].tolist()
+    assert moved.negated().real.tolist() == expanded.negated().real.tolist()
+
+
+def test_parsed_thresholds_live_as_long_as_their_node():
+    """Thresholds read from a node's metadata text are parsed once per node, and a version the node no longer
+    carries is not kept alive by a cache keyed by its text."""
+    import gc
+    import weakref
+
+    import onnx_ir as ir
+
+    from streamline.real_thresholds import META_KEY, get_real_thresholds
+
+    node = ir.Node("qonnx.custom_op.general", "MultiThreshold", [], name="mt")
+    first = quant_real_thresholds(np.array([0.5, 0.25], np.float32), 0.0, 2, False, False)
+    node.metadata_props[META_KEY] = first.to_json()  # as a loaded model carries it
+    parsed = get_real_thresholds(node)
+    assert parsed is get_real_thresholds(node) and parsed.real.tolist() == first.real.tolist()
+    gone = weakref.ref(parsed)
+    node.metadata_props[META_KEY] = first.shifted(np.array([1.0, 2.0])).to_json()
+    del parsed
+    assert get_real_thresholds(node).real.tolist() == first.shifted(np.array([1.0, 2.0])).real.tolist()
+    gc.collect()
+    assert gone() is None
