@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import itertools
 import logging
+import weakref
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -64,7 +65,10 @@ class Model:
             except Exception as exc:  # onnx_ir reports malformed protos with many exception types
                 raise ModelLoadError(f"cannot read the ONNX graph: {exc}", file=self.path) from exc
             detach_tensors(self.ir)
-        self._values: dict[str, ir.Value | None] = {}
+        #: the name index: every name the model has seen, to a weak reference to its value (None: reserved by
+        #: make_new_valueinfo_name). Weak, so that a removed node or initializer — its metadata, its array — goes
+        #: when the graph lets go of it, not at the next rebuild of the index
+        self._values: dict[str, weakref.ref[ir.Value] | None] = {}
         self._name_counter = itertools.count()
         self._remove_initializer_inputs()
         self._reindex()
@@ -113,19 +117,30 @@ class Model:
             forget_removed_io(self.graph)
 
     def _reindex(self) -> None:
-        values: dict[str, ir.Value | None] = {name: None for name, v in self._values.items() if v is None}
+        values: dict[str, weakref.ref[ir.Value] | None] = {name: None for name, r in self._values.items() if r is None}
+        ref = weakref.ref
         for v in self.graph.inputs:
-            values[v.name] = v
+            values[v.name] = ref(v)
         for name, v in self.graph.initializers.items():
-            values[name] = v
+            values[name] = ref(v)
         for node in self.graph:
             for v in node.inputs:
                 if v is not None and v.name and v.name not in values:
-                    values[v.name] = v  # dangling inputs, so that check_graph can name them
+                    values[v.name] = ref(v)  # dangling inputs, so that check_graph can name them
             for v in node.outputs:
                 if v.name:
-                    values[v.name] = v
+                    values[v.name] = ref(v)
         self._values = values
+
+    def index_value(self, v: ir.Value) -> None:
+        """Record ``v`` under its (new) name in the name index, after renaming it: lookups find it at once instead of
+        after a rebuild of the index."""
+        self._values[v.name] = weakref.ref(v)
+
+    def _indexed(self, name: str) -> ir.Value | None:
+        """The value the index holds for ``name`` (None if reserved, unknown or gone)."""
+        r = self._values.get(name)
+        return None if r is None else r()
 
     def _alive(self, v: ir.Value, name: str) -> bool:
         if v.name != name:
@@ -138,11 +153,11 @@ class Model:
     def value(self, name: str) -> ir.Value | None:
         """The ``onnx_ir.Value`` called ``name``, or None. O(1) amortized: the index is rebuilt only when a lookup
         finds a stale entry (after renames or removals)."""
-        v = self._values.get(name)
+        v = self._indexed(name)
         if v is not None and self._alive(v, name):
             return v
         self._reindex()
-        return self._values.get(name)
+        return self._indexed(name)
 
     def _require(self, name: str) -> ir.Value:
         v = self.value(name)
@@ -153,7 +168,7 @@ class Model:
     def get_all_tensor_names(self) -> list[str]:
         """Names of every graph input, initializer and node output."""
         self._reindex()
-        return [name for name, v in self._values.items() if v is not None]
+        return [name for name, r in self._values.items() if r is not None and r() is not None]
 
     def make_new_valueinfo_name(self, prefix: str = "t") -> str:
         """A tensor name not yet used in the graph, in O(1): checked against the name index, which holds every
@@ -172,7 +187,7 @@ class Model:
             v.shape = ir.Shape(list(shape))
         if dtype is not None:
             v.dtype = _np_dtype_to_ir(dtype)
-        self._values[v.name] = v
+        self._values[v.name] = weakref.ref(v)
         return v
 
     def make_value_like(self, like: ir.Value, prefix: str | None = None) -> ir.Value:
@@ -182,7 +197,7 @@ class Model:
             v.shape = like.shape
         if like.dtype is not None:
             v.dtype = like.dtype
-        self._values[v.name] = v
+        self._values[v.name] = weakref.ref(v)
         return v
 
     # -- shapes --------------------------------------------------------------------------------------------
@@ -300,7 +315,7 @@ class Model:
             v.const_value = tensor
         v.shape = ir.Shape(shape)
         v.dtype = dtype
-        self._values[name] = v
+        self._values[name] = weakref.ref(v)
         return v
 
     def add_initializer(self, array: np.ndarray | DepthwiseWeight, prefix: str = "c") -> ir.Value:
@@ -309,10 +324,8 @@ class Model:
 
     def del_initializer(self, name: str) -> None:
         """Remove initializer ``name`` (its uses, if any, are left dangling: remove them first). The name index
-        keeps a bare stand-in for it, not the value, so that the array is freed with it."""
-        v = self.graph.initializers.pop(name, None)
-        if v is not None and self._values.get(name) is v:
-            self._values[name] = ir.Value(name=name)
+        holds values weakly: the array is freed with the value."""
+        self.graph.initializers.pop(name, None)
 
     def drop_if_unused(self, *values: ir.Value | None) -> None:
         """Remove those of ``values`` that are initializers of the graph nothing reads any more (and not graph
@@ -453,7 +466,7 @@ class Model:
         old.replace_all_uses_with(new, replace_graph_outputs=True)
         old.name = self.make_new_valueinfo_name(out_name + "_old")
         new.name = out_name
-        self._values[out_name] = new
+        self._values[out_name] = weakref.ref(new)
 
     def _identity_of(self, v: ir.Value, out_name: str) -> ir.Value:
         """A new value ``Identity(v)`` (appended to the graph) with the shape, element type and annotations of ``v``."""
@@ -477,18 +490,7 @@ class Model:
         constant. Returns True if anything changed. See :mod:`finnlite.cleanup`."""
         from finnlite.cleanup import cleanup
 
-        changed = cleanup(self, fold=fold_constants)
-        self._release_removed_constants()
-        return changed
-
-    def _release_removed_constants(self) -> None:
-        """Replace the name-index entries of constants no longer in the graph (removed initializers: the weights
-        a rewrite replaced) by bare values of the same name, so that the index does not keep their arrays alive
-        (44.6 MB of pre-lowering weights on resnet18_4w4a_ts). Lookups behave exactly as before: a stale entry
-        and its stand-in both fail :meth:`_alive` and make :meth:`value` rebuild the index."""
-        for name, v in self._values.items():
-            if v is not None and v.const_value is not None and not self._alive(v, name):
-                self._values[name] = ir.Value(name=name)
+        return cleanup(self, fold=fold_constants)
 
     # -- checks --------------------------------------------------------------------------------------------
     def check_graph(self) -> None:

@@ -179,7 +179,7 @@ def take_over(model: "Model", old: ir.Value, new: ir.Value, old_suffix: str = "r
     old.replace_all_uses_with(new, replace_graph_outputs=True)
     old.name = model.make_new_valueinfo_name(f"{name}_{old_suffix}")
     new.name = name
-    model._values[name] = new  # keep the name index current (Model.value would also find it by reindexing)
+    model.index_value(new)
 
 
 def append_binary(model: "Model", value: ir.Value, op_type: str, const: np.ndarray, *, name: str,

@@ -482,7 +482,7 @@ class LayoutWalk:
             o.name = self.model.make_new_valueinfo_name(f"{name}_internal")
             graph.outputs[k] = value
             value.name = name
-            self.model._values[name] = value
+            self.model.index_value(value)
             self.env[value] = Rep(value, identity(len(r.perm)))
             self.logical[value] = lay
             self.edits += 1

@@ -208,4 +208,4 @@ def take_over(model: "Model", old: ir.Value, new: ir.Value) -> None:
     old.replace_all_uses_with(new, replace_graph_outputs=True)
     old.name = model.make_new_valueinfo_name(f"{name}_replaced")
     new.name = name
-    model._values[name] = new  # keep Model's name index current (a lookup would also reindex)
+    model.index_value(new)

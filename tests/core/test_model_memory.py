@@ -221,3 +221,21 @@ def test_executor_protos_leave_node_metadata_out_and_the_model_as_it_was():
     assert [t.name for t in lean.graph.initializer] == [t.name for t in plain.graph.initializer] == ["c0", "c2"]
     assert list(node.metadata_props) == ["finnlite.real_thresholds", "other"]
     assert node.metadata_props["finnlite.real_thresholds"] is text and node.metadata_props["other"] == "kept"
+
+
+def test_the_name_index_keeps_no_removed_node_alive():
+    """A node a rewrite removed (with its metadata: exact thresholds are megabytes) and an initializer it dropped
+    are freed when the graph lets go of them, before the name index is rebuilt; lookups are unchanged."""
+    model = Model(chain_model(4))
+    assert model.value("t1") is not None  # the index is built and holds t1, the output of n1
+    node = next(n for n in model.graph if n.name == "n1")
+    node.metadata_props["finnlite.real_thresholds"] = "x" * 10_000
+    weight = model.get_initializer("c1")
+    gone_node, gone_weight = weakref.ref(node), weakref.ref(weight)
+    model.bypass_node(node)
+    model.del_initializer("c1")
+    del node, weight
+    gc.collect()
+    assert gone_node() is None and gone_weight() is None
+    assert model.value("t1") is None and model.value("c1") is None and model.value("t2") is not None
+    assert "t1" not in model.get_all_tensor_names() and model.make_new_valueinfo_name("t1") != "t1"

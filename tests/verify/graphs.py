@@ -297,7 +297,7 @@ def take_over(model: Model, old: ir.Value, new: ir.Value) -> None:
     old.name = model.make_new_valueinfo_name(name + "_replaced")
     new.name = name
     if was_output:
-        model._values[name] = new  # noqa: SLF001 - keep the name index fresh for the test helpers
+        model.index_value(new)
     model._reindex()  # noqa: SLF001
 
 
