@@ -59,7 +59,7 @@ class IntegerWeight:
     q: np.ndarray                 # float32, integer-valued, in the quantizer's range
     zeropoint: np.ndarray         # float32, broadcastable
     scale: np.ndarray             # float32, broadcastable, > 0
-    output: np.ndarray            # the quantizer's output W_q (float32)
+    output: np.ndarray | None     # the quantizer's output W_q (float32); None once split into q
     dtype: BaseDataType           # exact type of q
     qmin: int
     qmax: int
@@ -94,47 +94,69 @@ def quantizer_output(node: ir.Node) -> np.ndarray:
 
 def integer_weight(node: ir.Node, split: bool = True) -> IntegerWeight:
     """Split the constant output of weight quantizer ``node`` into integers and parameters (with ``split=False``
-    only the output is computed, ``q`` is left empty); :class:`Unsupported` if a parameter is missing or the split
-    does not reproduce the kernel's output exactly (e.g. integers beyond float32's 2^24)."""
+    only the output is computed, ``q`` is left empty; with ``split`` the output is not kept); :class:`Unsupported`
+    if a parameter is missing or the split does not reproduce the kernel's output exactly (e.g. integers beyond
+    float32's 2^24).
+
+    The split runs over blocks of rows (:func:`_row_blocks`): the kernel is elementwise, so each block computes what
+    the whole weight would, and the temporaries (the kernel's, a float64 copy, the check's) are those of a block,
+    not five to six copies of the largest weight (4 MB each in MobileNet-v1) at once."""
     custom = custom_op(node)
     w = const_input(node, 0, "weight")
     scale = positive_scale(const_input(node, 1, "scale"))
     if node.op_type == "BipolarQuant":
         zeropt = np.zeros((), np.float32)
-        y = np.asarray(bipolar_quant(w, scale), dtype=np.float32)
+        kernel = lambda x, s, z: bipolar_quant(x, s)  # noqa: E731
         qmin, qmax, dtype = -1, 1, DataType["BIPOLAR"]
     else:
         zeropt = const_input(node, 2, "zero-point")
         bitwidth = const_input(node, 3, "bit width", float32=False)
         bits = scalar_int(bitwidth, "bit width")
-        signed, narrow = custom.signed, custom.narrow
-        y = np.asarray(quant(w, scale, zeropt, bitwidth, signed, narrow, custom.rounding_mode), dtype=np.float32)
+        signed, narrow, mode = custom.signed, custom.narrow, custom.rounding_mode
+        kernel = lambda x, s, z: quant(x, s, z, bitwidth, signed, narrow, mode)  # noqa: E731
         if bits == 1 and signed:
             qmin, qmax = -1, 1
         else:
             qmin, qmax = min_int(signed, narrow, bits), max_int(signed, narrow, bits)
         dtype = int_type(bits, signed)
+    scale, zeropt = np.asarray(scale), np.asarray(zeropt)
     if not split:
-        return IntegerWeight(np.empty(0, np.float32), np.asarray(zeropt), np.asarray(scale), y, dtype, qmin, qmax)
-    with np.errstate(all="ignore"):
-        t = y.astype(np.float64)
-        if np.broadcast_shapes(t.shape, np.shape(scale), np.shape(zeropt)) == t.shape:
-            # in place: the same float64 operations without three temporaries of twice the weight's size
-            np.divide(t, scale, out=t)
-            np.add(t, zeropt, out=t)
-            q = np.round(t, out=t).astype(np.float32)
-        else:
-            q = np.round(t / scale + zeropt).astype(np.float32)
+        y = np.asarray(kernel(w, scale, zeropt), dtype=np.float32)
+        return IntegerWeight(np.empty(0, np.float32), zeropt, scale, y, dtype, qmin, qmax)
+    shape = np.broadcast_shapes(np.shape(w), scale.shape, zeropt.shape)
+    q = np.empty(shape, np.float32)
+    for rows in _row_blocks(shape):
+        part = lambda a: a[rows] if a.ndim == len(shape) > 0 and a.shape[0] > 1 else a  # noqa: E731
+        s, z = part(scale), part(zeropt)
+        y = np.asarray(kernel(part(np.asarray(w)), s, z), dtype=np.float32)
+        with np.errstate(all="ignore"):
+            t = y.astype(np.float64)
+            np.divide(t, s, out=t)
+            np.add(t, z, out=t)
+            qb = np.round(t, out=t).astype(np.float32)
         del t
-    ok = (q >= qmin) & (q <= qmax)
-    if dtype == DataType["BIPOLAR"]:
-        ok &= q != 0
-    recomputed = np.asarray((q - zeropt) * scale, dtype=np.float32)
-    same = _same_float32(recomputed, np.broadcast_to(y, recomputed.shape))
-    if not (ok.all() and same):
-        raise Unsupported("the quantized weights are not reproduced exactly by integers and the scale")
-    q = np.broadcast_to(q, y.shape).astype(np.float32)
-    return IntegerWeight(q, np.asarray(zeropt), np.asarray(scale), y, dtype, qmin, qmax)
+        ok = (qb >= qmin) & (qb <= qmax)
+        if dtype == DataType["BIPOLAR"]:
+            ok &= qb != 0
+        recomputed = np.asarray((qb - z) * s, dtype=np.float32)
+        if not (ok.all() and _same_float32(recomputed, y)):
+            raise Unsupported("the quantized weights are not reproduced exactly by integers and the scale")
+        q[rows] = qb
+    return IntegerWeight(q, zeropt, scale, None, dtype, qmin, qmax)
+
+
+#: elements per block of :func:`integer_weight` (1 MB of float32)
+_BLOCK_ELEMENTS = 1 << 18
+
+
+def _row_blocks(shape: tuple[int, ...]) -> list[Any]:
+    """Slices of axis 0 of a tensor of ``shape`` covering it in blocks of about :data:`_BLOCK_ELEMENTS` (at least
+    one row each); ``[...]`` (all of it) for a 0-d tensor or a single row."""
+    if not shape or shape[0] <= 1:
+        return [Ellipsis]
+    row = max(1, int(np.prod(shape[1:], dtype=np.int64)))
+    step = max(1, _BLOCK_ELEMENTS // row)
+    return [slice(i, min(i + step, shape[0])) for i in range(0, shape[0], step)]
 
 
 # -- where a scale can go after a consumer ------------------------------------------------------------------------

@@ -278,3 +278,47 @@ def test_gemm_after_tidy():
                                        rtol=1e-9, atol=1e-12)
         else:
             assert_same(run(model, x)["y"], run(tidied, x)["y"])
+
+
+@pytest.mark.parametrize("op,bits,zp,scale_shape", [("Quant", 4, 0.0, (7, 1, 1, 1)), ("Quant", 3, 2.0, ()),
+                                                    ("Quant", 5, 0.0, (1, 3, 1, 1)),
+                                                    ("BipolarQuant", 1, 0.0, (7, 1, 1, 1))])
+def test_integer_weight_by_blocks_is_the_whole_weight_split(monkeypatch, op, bits, zp, scale_shape):
+    """The split runs over blocks of rows: with blocks of a few elements (per-row, per-column and per-tensor scales,
+    a zero-point) it gives the integers of the whole weight, bit for bit, and q − z times s is the kernel's
+    output."""
+    import streamline.convert_weights as cw
+    from custom_ops.bipolar_quant import bipolar_quant
+    from custom_ops.quant import quant
+
+    w = RNG.normal(size=(7, 3, 3, 3)).astype(np.float32)
+    scale = _scale(scale_shape, pow2=False)
+    nodes, inits = _weight_quant(w, scale, bits=bits, zp=zp, signed=1, narrow=0, op=op)
+    model = Model(graph_model(nodes + [helper.make_node("Identity", ["Wq"], ["y"])], {}, {"y": [7, 3, 3, 3]}, inits))
+    node = next(n for n in model.graph if n.op_type == op)
+    whole = cw.integer_weight(node)
+    monkeypatch.setattr(cw, "_BLOCK_ELEMENTS", 20)  # 27 elements a row: one row a block
+    assert len(cw._row_blocks(w.shape)) == 7
+    blocks = cw.integer_weight(node)
+    np.testing.assert_array_equal(blocks.q.view(np.int32), whole.q.view(np.int32))
+    expected = (bipolar_quant(w, scale) if op == "BipolarQuant"
+                else quant(w, scale, np.float32(zp), np.float32(bits), True, False))
+    np.testing.assert_array_equal((blocks.q - np.float32(zp)) * scale, expected)
+
+def test_integer_weight_by_blocks_refuses_a_last_block_it_cannot_reproduce(monkeypatch):
+    """Integers beyond float32's 2^24 in the last row only (blocks of one row): the split is refused."""
+    import streamline.convert_weights as cw
+
+    monkeypatch.setattr(cw, "_BLOCK_ELEMENTS", 5)
+    w = np.concatenate([RNG.normal(size=(6, 5)), [[3e7, -5e8, 0.37, 1.5e9, -2.0]]]) * 0.001
+    for rows, refused in ((6, False), (7, True)):
+        nodes, inits = _weight_quant(w[:rows], np.float32(0.001), bits=32, narrow=0)
+        model = Model(graph_model(nodes + [helper.make_node("Identity", ["Wq"], ["y"])], {}, {"y": [rows, 5]},
+                                  inits))
+        node = next(n for n in model.graph if n.op_type == "Quant")
+        assert len(cw._row_blocks((rows, 5))) == rows
+        if refused:
+            with pytest.raises(cw.Unsupported, match="not reproduced exactly"):
+                cw.integer_weight(node)
+        else:
+            assert cw.integer_weight(node).q.shape == (rows, 5)
