@@ -191,7 +191,7 @@ class Executor:
         return self._input_shapes[name]
 
     def run(self, inputs: Mapping[str, np.ndarray], return_all: bool = False, *,
-            windows: bool = True) -> dict[str, np.ndarray]:
+            windows: bool = True, release: bool = False) -> dict[str, np.ndarray]:
         """The graph outputs for ``inputs`` ({data input name: array}); with ``return_all``, every tensor: the
         inputs, the constants (initializers and folded tensors, read-only) and every node output. With
         ``windows=False`` (and ``return_all``), the outputs of ``Im2Col`` nodes that only a MatMul run with them as
@@ -200,15 +200,19 @@ class Executor:
 
         A leading dim N (a multiple of the model's fixed batch dim b0) runs a batch, see ``batch_mode``. Raises
         :class:`GraphError` naming the tensor for an unknown or missing input or a wrong dtype or shape, and
-        :class:`OpError` naming the node when a node fails."""
+        :class:`OpError` naming the node when a node fails.
+
+        ``release``: for a run that will not be repeated, drop each onnxruntime session as soon as its step has run
+        (the chunks of a ``per_item`` batch run step by step), so that one session is alive at a time; results are
+        unchanged, and a later run makes the sessions again."""
         if return_all and not windows:
             return_all = _ALL_BUT_WINDOWS  # type: ignore[assignment]
         arrays, batch = self._check_inputs(inputs)
         if batch is None:
-            return self._execute(arrays, batched=False, return_all=return_all)
+            return self._execute(arrays, batched=False, return_all=return_all, release=release)
         if not self._chunk_batches:
             try:
-                result = self._execute(arrays, batched=True, return_all=return_all)
+                result = self._execute(arrays, batched=True, return_all=return_all, release=release)
                 if self._batch_ok(result, batch):
                     return result
                 reason = "an output lost the batch dimension"
@@ -217,7 +221,7 @@ class Executor:
             log.warning("vectorized batch execution failed (%s); running batches in chunks of %d from now on",
                         reason, self._batch0())
             self._chunk_batches = True
-        return self._run_chunks(arrays, batch, return_all)
+        return self._run_chunks(arrays, batch, return_all, release)
 
     def describe(self) -> str:
         """The plan, one line per step: regions (node counts) and kernel nodes (with why they are not lowered)."""
@@ -687,15 +691,22 @@ class Executor:
                              f"N; got leading dims {sorted(leading, key=str)}", tensor=self._inputs[0].name)
         return arrays, int(leading.pop())
 
-    def _execute(self, arrays: dict[str, np.ndarray], batched: bool, return_all: bool | str
-                 ) -> dict[str, np.ndarray]:
+    def _execute(self, arrays: dict[str, np.ndarray], batched: bool, return_all: bool | str,
+                 release: bool = False) -> dict[str, np.ndarray]:
+        return self._execute_each([arrays], batched, return_all, release)[0]
+
+    def _execute_each(self, chunks: list[dict[str, np.ndarray]], batched: bool, return_all: bool | str,
+                      release: bool = False) -> list[dict[str, np.ndarray]]:
         plan = self._plan(batched, return_all)  # first: planning may make a compact weight dense (_dense)
-        env: dict[str, np.ndarray] = dict(self._constants)
-        env.update(arrays)
-        plan.execute(env)
+        envs = []
+        for arrays in chunks:
+            env: dict[str, np.ndarray] = dict(self._constants)
+            env.update(arrays)
+            envs.append(env)
+        plan.execute_each(envs, release)
         if return_all:
-            return env
-        return {name: env[name] for name in self._outputs}
+            return envs
+        return [{name: env[name] for name in self._outputs} for env in envs]
 
     def _batch_ok(self, result: Mapping[str, np.ndarray], batch: int) -> bool:
         """Every output that has b0 on axis 0 statically has N there."""
@@ -706,11 +717,14 @@ class Executor:
                     return False
         return True
 
-    def _run_chunks(self, arrays: dict[str, np.ndarray], batch: int, return_all: bool | str
-                    ) -> dict[str, np.ndarray]:
+    def _run_chunks(self, arrays: dict[str, np.ndarray], batch: int, return_all: bool | str,
+                    release: bool = False) -> dict[str, np.ndarray]:
         b0 = self._batch0()
-        parts = [self._execute({n: a[k:k + b0] for n, a in arrays.items()}, batched=False, return_all=return_all)
-                 for k in range(0, batch, b0)]
+        chunks = [{n: a[k:k + b0] for n, a in arrays.items()} for k in range(0, batch, b0)]
+        if release:  # step by step over the chunks: each session is made once and dropped after its step
+            parts = self._execute_each(chunks, batched=False, return_all=return_all, release=True)
+        else:  # chunk by chunk: the activations of one chunk at a time
+            parts = [self._execute(c, batched=False, return_all=return_all) for c in chunks]
         return {name: self._constants[name] if name in self._constants
                 else np.concatenate([p[name] for p in parts], axis=0) for name in parts[0]}
 

@@ -285,6 +285,10 @@ class RegionStep:
             raise OpError(f"onnxruntime failed in {self.describe()}: {exc}", node=self.labels[0]) from exc
         env.update(zip(self.outputs, results))
 
+    def release(self) -> None:
+        """Drop the session (it is made again at the next run)."""
+        self._session, self._fed = None, {}
+
 
 class NodeSessionStep:
     """One standard node in a session of its own with onnxruntime's default options and the static shapes of its
@@ -301,6 +305,10 @@ class NodeSessionStep:
 
     def describe(self) -> str:
         return f"own session: {self.label} ({self.node.op_type}, as qonnx runs it)"
+
+    def release(self) -> None:
+        """Drop the sessions (made again at the next run)."""
+        self._sessions.clear()
 
     def run(self, env: dict[str, np.ndarray]) -> None:
         import onnxruntime as ort
@@ -351,6 +359,9 @@ class KernelStep:
     def describe(self) -> str:
         return f"kernel: {self.label} ({self.node.op_type}; {self.reason})"
 
+    def release(self) -> None:
+        """Nothing to drop: a kernel holds no session."""
+
     def run(self, env: dict[str, np.ndarray]) -> None:
         args = [env[t] if t else None for t in self.node.input]
         try:
@@ -391,8 +402,17 @@ class Plan:
                     self._drop[i].append(t)
 
     def execute(self, env: dict[str, np.ndarray]) -> None:
+        self.execute_each([env])
+
+    def execute_each(self, envs: Sequence[dict[str, np.ndarray]], release: bool = False) -> None:
+        """Run every step on each environment in turn (step by step, not environment by environment); with
+        ``release``, drop each step's onnxruntime sessions once it has run: a run that will not be repeated then
+        holds one session at a time, not one per region (28 for a streamlined MobileNet-v1, about 0.25 MB each)."""
         for i, step in enumerate(self.steps):
-            step.run(env)
-            if self._drop is not None:
-                for t in self._drop[i]:
-                    env.pop(t, None)
+            for env in envs:
+                step.run(env)
+                if self._drop is not None:
+                    for t in self._drop[i]:
+                        env.pop(t, None)
+            if release:
+                step.release()

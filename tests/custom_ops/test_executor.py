@@ -465,3 +465,38 @@ def test_a_run_drops_each_tensor_after_its_last_reader():
     assert "y" in env and not {"a", "b", "c", "d"} & set(env)
     np.testing.assert_array_equal(ex.run(x)["y"], everything["y"])
     assert ex._plan(False, True)._drop is None  # return_all keeps every tensor
+
+
+def test_a_run_with_release_holds_one_session_at_a_time_and_computes_the_same():
+    """``run(..., release=True)`` (a run that will not be repeated): the chunks of a batch go step by step, each
+    step's sessions are dropped once it has run, results are bit-identical, and a later run makes them again."""
+    import custom_ops.plan as plan_module
+
+    ex = Executor(mixed_model())
+    xb = np.concatenate([random_x(s) for s in range(3)])
+    kept = ex.run({"x": xb})
+    alive: list[int] = []
+    steps = ex._plan(batched=False, return_all=False).steps
+
+    def sessions() -> int:
+        return sum(1 for s in steps if getattr(s, "_session", None) is not None or getattr(s, "_sessions", None))
+
+    assert sessions() == 3  # two regions and the MaxPool's own session, kept for the next run
+    original = plan_module.RegionStep.run
+
+    def run(self, env):  # noqa: ANN001 - count the sessions alive while each region runs
+        original(self, env)
+        alive.append(sessions())
+
+    ex2 = Executor(mixed_model())
+    steps = ex2._plan(batched=False, return_all=False).steps
+    try:
+        plan_module.RegionStep.run = run
+        released = ex2.run({"x": xb}, release=True)
+    finally:
+        plan_module.RegionStep.run = original
+    assert alive == [1, 1, 1, 1, 1, 1] and sessions() == 0
+    for name in kept:
+        assert same_bits(released[name], kept[name])
+    again = ex2.run({"x": xb[:1]}, release=True)
+    assert same_bits(again["sum"], kept["sum"][:1]) and sessions() == 0
