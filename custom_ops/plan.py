@@ -401,18 +401,14 @@ class Plan:
                 if t not in keep:
                     self._drop[i].append(t)
 
-    def execute(self, env: dict[str, np.ndarray]) -> None:
-        self.execute_each([env])
-
-    def execute_each(self, envs: Sequence[dict[str, np.ndarray]], release: bool = False) -> None:
-        """Run every step on each environment in turn (step by step, not environment by environment); with
-        ``release``, drop each step's onnxruntime sessions once it has run: a run that will not be repeated then
-        holds one session at a time, not one per region (28 for a streamlined MobileNet-v1, about 0.25 MB each)."""
+    def execute(self, env: dict[str, np.ndarray], release: bool = False) -> None:
+        """Run the steps on ``env``; with ``release``, drop each step's onnxruntime sessions once it has run: a run
+        that will not be repeated then holds one session at a time, not one per region (28 for a streamlined
+        MobileNet-v1, about 0.25 MB each)."""
         for i, step in enumerate(self.steps):
-            for env in envs:
-                step.run(env)
-                if self._drop is not None:
-                    for t in self._drop[i]:
-                        env.pop(t, None)
+            step.run(env)
+            if self._drop is not None:
+                for t in self._drop[i]:
+                    env.pop(t, None)
             if release:
                 step.release()

@@ -468,20 +468,21 @@ def test_a_run_drops_each_tensor_after_its_last_reader():
 
 
 def test_a_run_with_release_holds_one_session_at_a_time_and_computes_the_same():
-    """``run(..., release=True)`` (a run that will not be repeated): the chunks of a batch go step by step, each
-    step's sessions are dropped once it has run, results are bit-identical, and a later run makes them again."""
+    """``run(..., release=True)`` (a run that will not be repeated): each step's sessions are dropped once it has
+    run, in the last chunk of a batch (the earlier chunks keep them: one chunk's activations at a time), results are
+    bit-identical, and a later run makes them again."""
     import custom_ops.plan as plan_module
 
     ex = Executor(mixed_model())
     xb = np.concatenate([random_x(s) for s in range(3)])
     kept = ex.run({"x": xb})
-    alive: list[int] = []
     steps = ex._plan(batched=False, return_all=False).steps
 
     def sessions() -> int:
         return sum(1 for s in steps if getattr(s, "_session", None) is not None or getattr(s, "_sessions", None))
 
     assert sessions() == 3  # two regions and the MaxPool's own session, kept for the next run
+    alive: list[int] = []
     original = plan_module.RegionStep.run
 
     def run(self, env):  # noqa: ANN001 - count the sessions alive while each region runs
@@ -495,7 +496,7 @@ def test_a_run_with_release_holds_one_session_at_a_time_and_computes_the_same():
         released = ex2.run({"x": xb}, release=True)
     finally:
         plan_module.RegionStep.run = original
-    assert alive == [1, 1, 1, 1, 1, 1] and sessions() == 0
+    assert alive == [1, 3, 3, 3, 3, 1] and sessions() == 0  # chunks 1 and 2 make and keep them, chunk 3 drops them
     for name in kept:
         assert same_bits(released[name], kept[name])
     again = ex2.run({"x": xb[:1]}, release=True)
