@@ -134,6 +134,29 @@ def quant(x: np.ndarray, scale: np.ndarray | float, zeropoint: np.ndarray | floa
     return np.asarray(y * scale)
 
 
+def quant_rows(x: np.ndarray, scale: np.ndarray | float, zeropoint: np.ndarray | float, bitwidth: int | np.ndarray,
+               signed: bool, narrow: bool, rounding_mode: str = "ROUND", block: int = 1 << 18) -> np.ndarray:
+    """:func:`quant`, computed over blocks of about ``block`` elements of rows (axis 0): the same values (the op is
+    elementwise), with the temporaries of a block instead of five arrays of the weight's size."""
+    x = np.asarray(x)
+    params = [np.asarray(scale), np.asarray(zeropoint)]
+    shape = np.broadcast_shapes(x.shape, *(p.shape for p in params))
+    if len(shape) < 1 or shape[0] <= 1 or x.size <= block:
+        return quant(x, scale, zeropoint, bitwidth, signed, narrow, rounding_mode)
+    step = max(1, block // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+    part = lambda a, rows: a[rows] if a.ndim == len(shape) and a.shape[0] > 1 else a  # noqa: E731
+    out: np.ndarray | None = None
+    for start in range(0, shape[0], step):
+        rows = slice(start, min(start + step, shape[0]))
+        y = quant(part(x, rows), part(params[0], rows), part(params[1], rows), bitwidth, signed, narrow,
+                  rounding_mode)
+        if out is None:
+            out = np.empty(shape, dtype=y.dtype)
+        out[rows] = y
+    assert out is not None
+    return out
+
+
 def quant_datatype(bitwidth: int, signed: bool, scale: np.ndarray | None,
                    zeropoint: np.ndarray | None) -> BaseDataType:
     """The output datatype qonnx gives a Quant with these (constant) parameters; FLOAT32 if one is unknown."""

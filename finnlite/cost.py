@@ -198,7 +198,8 @@ class _Analysis:
                     value = _evaluate(node, args)
                 except ValueError:  # invalid quantizer parameters (a bad input model): not a known constant
                     value = None
-        self._consts[v.name] = value
+        if value is None or value.size <= _CACHED_ELEMENTS or node is None:
+            self._consts[v.name] = value  # parameters; a quantized weight is computed where it is read (once)
         return value
 
     def datatype(self, v: ir.Value) -> BaseDataType:
@@ -242,15 +243,20 @@ class _Analysis:
         return _FLOAT32
 
 
+#: computed constants (quantizer outputs) up to this size are remembered; larger ones (the quantized weights: a
+#: second copy of the network's weights, 17 MB for MobileNet-v1) are not
+_CACHED_ELEMENTS = 4096
+
+
 def _evaluate(node: ir.Node, args: list[np.ndarray]) -> np.ndarray | None:
     from custom_ops.bipolar_quant import bipolar_quant
-    from custom_ops.quant import quant
+    from custom_ops.quant import quant_rows
 
     attrs = {k: a.value for k, a in node.attributes.items()}
     op = node.op_type
     if op == "Quant" and len(args) == 4:
-        return quant(args[0], args[1], args[2], args[3], bool(attrs.get("signed", 1)), bool(attrs.get("narrow", 0)),
-                     str(attrs.get("rounding_mode", "ROUND")))
+        return quant_rows(args[0], args[1], args[2], args[3], bool(attrs.get("signed", 1)),
+                          bool(attrs.get("narrow", 0)), str(attrs.get("rounding_mode", "ROUND")))
     if op == "BipolarQuant" and len(args) == 2:
         return bipolar_quant(args[0], args[1])
     if op == "Transpose":

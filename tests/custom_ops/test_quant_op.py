@@ -210,3 +210,19 @@ def test_unknown_rounding_mode_in_function():
         rounding_function("STOCHASTIC")
     with pytest.raises(ValueError, match="bitwidth"):
         quant(np.zeros(2, F32), 1.0, 0.0, 0, True, False)
+
+
+@pytest.mark.parametrize("scale_shape,zp", [((6, 1, 1), 0.0), ((1, 5, 1), 1.0), ((), 0.0)])
+@pytest.mark.parametrize("mode", ["ROUND", "HALF_UP", "FLOOR"])
+def test_quant_by_row_blocks_is_quant(scale_shape, zp, mode):
+    """``quant_rows`` (the cost analysis quantizes weights with it) computes blocks of rows: bit for bit what
+    ``quant`` computes on the whole array, whatever the scale broadcasts along."""
+    from custom_ops.quant import quant, quant_rows
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(6, 5, 4)).astype(np.float32) * 3
+    scale = np.exp(rng.uniform(-3, 0, size=scale_shape)).astype(np.float32)
+    whole = quant(x, scale, np.float32(zp), np.float32(4), True, False, mode)
+    rows = quant_rows(x, scale, np.float32(zp), np.float32(4), True, False, mode, block=7)  # one row (20) a block
+    assert rows.dtype == whole.dtype and rows.shape == whole.shape
+    np.testing.assert_array_equal(rows.view(np.int32), whole.view(np.int32))

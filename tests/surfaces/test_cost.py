@@ -111,3 +111,37 @@ def test_zoo_agrees_with_qonnx_and_survives_streamlining(name: str) -> None:
     # XNOR-popcount layers (cnv_1w1a) encode -1 as 0: their zeros are not sparsity
     assert after.total_macs == pytest.approx(ours["total_macs"])
     assert all(dt != "FLOAT32" for _, dt in after.macs_by_type())
+
+
+def test_cost_analysis_holds_no_quantized_copy_of_the_weights():
+    """The cost of a model with weight quantizers needs each quantized weight's shape and density once: they are
+    quantized by blocks of rows and not remembered, so the analysis's peak stays well below one more copy of the
+    weights (it held every quantized weight, and five temporaries of the largest, before)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    layers, width = 3, 1024
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = rng.normal(size=(width, width)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(np.float32(0.05), f"s{i}"),
+                  numpy_helper.from_array(np.float32(0), f"z{i}"), numpy_helper.from_array(np.float32(4), f"b{i}")]
+        nodes += [helper.make_node("Quant", [f"w{i}", f"s{i}", f"z{i}", f"b{i}"], [f"wq{i}"],
+                                   domain="qonnx.custom_op.general", signed=1, narrow=1),
+                  helper.make_node("MatMul", [x, f"wq{i}"], [f"y{i}"])]
+        x = f"y{i}"
+    shapes = [helper.make_tensor_value_info(f"wq{i}", TensorProto.FLOAT, [width, width]) for i in range(layers)]
+    shapes += [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, width]) for i in range(layers - 1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])], inits,
+                              value_info=shapes)
+    model = Model(make_model(graph))
+    weight_bytes = layers * width * width * 4
+    tracemalloc.start()
+    try:
+        cost = inference_cost(model)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert cost.total_macs > 0.9 * layers * width * width
+    assert peak < weight_bytes, f"{peak / 1e6:.1f} MB for {weight_bytes / 1e6:.1f} MB of weights"
