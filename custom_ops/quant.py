@@ -135,7 +135,7 @@ def quant(x: np.ndarray, scale: np.ndarray | float, zeropoint: np.ndarray | floa
 
 
 def quant_rows(x: np.ndarray, scale: np.ndarray | float, zeropoint: np.ndarray | float, bitwidth: int | np.ndarray,
-               signed: bool, narrow: bool, rounding_mode: str = "ROUND", block: int = 1 << 18) -> np.ndarray:
+               signed: bool, narrow: bool, rounding_mode: str = "ROUND", block: int = 1 << 16) -> np.ndarray:
     """:func:`quant`, computed over blocks of about ``block`` elements of rows (axis 0): the same values (the op is
     elementwise), with the temporaries of a block instead of five arrays of the weight's size."""
     x = np.asarray(x)

@@ -145,8 +145,8 @@ def integer_weight(node: ir.Node, split: bool = True) -> IntegerWeight:
     return IntegerWeight(q, zeropt, scale, None, dtype, qmin, qmax)
 
 
-#: elements per block of :func:`integer_weight` (1 MB of float32)
-_BLOCK_ELEMENTS = 1 << 18
+#: elements per block of :func:`integer_weight` (256 KB of float32: the kernels make a few temporaries of a block)
+_BLOCK_ELEMENTS = 1 << 16
 
 
 def _row_blocks(shape: tuple[int, ...]) -> list[Any]:
