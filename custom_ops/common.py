@@ -154,6 +154,27 @@ def sliding_windows(x: np.ndarray, window: Sequence[int], axes: Sequence[int], s
     return view[tuple(index)]
 
 
+def by_rows(fn: Any, *args: np.ndarray, block: int = 1 << 16) -> np.ndarray:
+    """``fn(*args)`` for an elementwise ``fn`` of broadcasting arrays, computed over blocks of about ``block``
+    elements of rows (axis 0 of the broadcast shape; an argument varying along it is sliced with the block, the
+    others are passed whole): the same values, with ``fn``'s temporaries of a block, not of the whole tensor (the
+    quantizers make four or five of their input's size)."""
+    arrays = [np.asarray(a) for a in args]
+    shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    if len(shape) < 1 or shape[0] <= 1 or int(np.prod(shape, dtype=np.int64)) <= block:
+        return np.asarray(fn(*args))
+    step = max(1, block // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+    out: np.ndarray | None = None
+    for start in range(0, shape[0], step):
+        rows = slice(start, min(start + step, shape[0]))
+        y = np.asarray(fn(*(a[rows] if a.ndim == len(shape) and a.shape[0] > 1 else a for a in arrays)))
+        if out is None:
+            out = np.empty(shape, dtype=y.dtype)
+        out[rows] = y
+    assert out is not None
+    return out
+
+
 def _preview(arr: np.ndarray, limit: int = 6) -> str:
     flat = arr.ravel()
     text = ", ".join(repr(float(v)) for v in flat[:limit])

@@ -71,6 +71,7 @@ from onnx import helper, numpy_helper
 
 from custom_ops import registry
 from custom_ops.base import CustomOp
+from custom_ops.common import by_rows
 from custom_ops.float64_ops import FLOAT64_KERNELS, Float64Op
 from custom_ops.intconv import fuse_im2col_matmul
 from custom_ops.lowering import Lowering, LoweringContext, NotLowerable, lower_node
@@ -90,6 +91,8 @@ _SHAPE_PRESERVING = {"Quant", "IntQuant", "BipolarQuant", "Trunc", "MultiThresho
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 #: standard ops run alone, as qonnx runs them (see NodeSessionStep): onnxruntime's NCHWc pooling kernels, which it
 #: picks for a lone pooling node with known shapes, can differ from the plain ones (max of -0.0 and +0.0)
+#: weight quantizers that constant folding computes with their kernels by blocks of rows (custom_ops.common.by_rows)
+_FOLDED_BY_ROWS = {"Quant", "IntQuant", "BipolarQuant"}
 _ALONE = {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool", "GlobalLpPool"}
 BATCH_MODES = ("per_item", "vectorized")
 #: the plan mode of ``run(return_all=True, windows=False)``: every tensor but the fused pairs' windows
@@ -383,6 +386,14 @@ class Executor:
                 continue
             label = node_label(node, i)
             outputs = [t for t in node.output if t]
+            if (i in ops and node.op_type in _FOLDED_BY_ROWS and self.dtype == np.float32 and len(outputs) == 1
+                    and all(t in self._constants for t in inputs)
+                    and any(self._constants[t].size >= FEED_ELEMENTS for t in inputs)):
+                # a weight quantizer: its numpy kernel (qonnx's own arithmetic, bit for bit what the lowering
+                # computes) over blocks of rows, without the weight-sized temporaries of a session computing it
+                op, args = ops[i], [self._constants[t] for t in node.input]
+                self._constants[outputs[0]] = self._const(by_rows(lambda *a: op.execute(list(a))[0], *args))
+                continue
             if i in ops:
                 try:
                     shapes = {t: self._constants[t].shape for t in inputs if t in self._constants}

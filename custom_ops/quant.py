@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from custom_ops.base import CustomOp
-from custom_ops.common import (MAX_BITWIDTH, Shape, check_broadcast, check_finite, check_scale, flag_attr,
+from custom_ops.common import (MAX_BITWIDTH, Shape, by_rows, check_broadcast, check_finite, check_scale, flag_attr,
                                float_output, scalar_bitwidth, shape_of)
 from custom_ops.registry import register, register_alias
 from finnlite.datatypes import BaseDataType, DataType, int_type
@@ -138,23 +138,8 @@ def quant_rows(x: np.ndarray, scale: np.ndarray | float, zeropoint: np.ndarray |
                signed: bool, narrow: bool, rounding_mode: str = "ROUND", block: int = 1 << 16) -> np.ndarray:
     """:func:`quant`, computed over blocks of about ``block`` elements of rows (axis 0): the same values (the op is
     elementwise), with the temporaries of a block instead of five arrays of the weight's size."""
-    x = np.asarray(x)
-    params = [np.asarray(scale), np.asarray(zeropoint)]
-    shape = np.broadcast_shapes(x.shape, *(p.shape for p in params))
-    if len(shape) < 1 or shape[0] <= 1 or x.size <= block:
-        return quant(x, scale, zeropoint, bitwidth, signed, narrow, rounding_mode)
-    step = max(1, block // max(1, int(np.prod(shape[1:], dtype=np.int64))))
-    part = lambda a, rows: a[rows] if a.ndim == len(shape) and a.shape[0] > 1 else a  # noqa: E731
-    out: np.ndarray | None = None
-    for start in range(0, shape[0], step):
-        rows = slice(start, min(start + step, shape[0]))
-        y = quant(part(x, rows), part(params[0], rows), part(params[1], rows), bitwidth, signed, narrow,
-                  rounding_mode)
-        if out is None:
-            out = np.empty(shape, dtype=y.dtype)
-        out[rows] = y
-    assert out is not None
-    return out
+    return by_rows(lambda a, s, z: quant(a, s, z, bitwidth, signed, narrow, rounding_mode), x, scale, zeropoint,
+                   block=block)
 
 
 def quant_datatype(bitwidth: int, signed: bool, scale: np.ndarray | None,

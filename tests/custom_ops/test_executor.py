@@ -501,3 +501,34 @@ def test_a_run_with_release_holds_one_session_at_a_time_and_computes_the_same():
         assert same_bits(released[name], kept[name])
     again = ex2.run({"x": xb[:1]}, release=True)
     assert same_bits(again["sum"], kept["sum"][:1]) and sessions() == 0
+
+
+@pytest.mark.parametrize("op", ["Quant", "BipolarQuant"])
+def test_large_weight_quantizers_fold_by_rows_with_their_kernel(monkeypatch, op):
+    """A quantizer of a large weight folds through its numpy kernel over blocks of rows (no session and none of
+    its weight-sized temporaries): bit-identical to the kernel on the whole weight; with ``fold_large=False`` it
+    stays in the graph."""
+    from custom_ops.plan import FEED_ELEMENTS
+
+    rng = np.random.default_rng(1)
+    rows = 64
+    w = rng.normal(size=(rows, FEED_ELEMENTS // 16)).astype(F32)
+    s = np.exp(rng.uniform(-3, 0, size=(rows, 1))).astype(F32)  # per row: sliced with each block
+    inputs = ["w", "s", "z", "b"] if op == "Quant" else ["w", "s"]
+    attrs = {"signed": 1, "narrow": 1} if op == "Quant" else {}
+    node = helper.make_node(op, inputs, ["wq"], domain=Q, name="wquant", **attrs)
+    inits = {"w": w, "s": s, "z": np.array(0.0, F32), "b": np.array(3.0, F32)}
+    model = build([node, helper.make_node("MatMul", ["x", "wq"], ["y"], name="mm")], {"x": (2, rows)}, ["y"],
+                  {k: v for k, v in inits.items() if k in inputs})
+    sessions = []
+    real = plan.make_session
+    monkeypatch.setattr(plan, "make_session", lambda m, t=None, **kw: sessions.append(len(m.graph.node))
+                        or real(m, t, **kw))
+    ex = Executor(model)
+    assert sessions == [] and "wq" in ex._constants
+    expected = make_op(node).execute([inits[k] for k in inputs])[0]
+    assert np.array_equal(ex._constants["wq"].view(np.uint32), expected.astype(F32).view(np.uint32))
+    kept = Executor(model, fold_large=False)
+    assert "wq" not in kept._constants
+    x = {"x": rng.normal(size=(2, rows)).astype(F32)}
+    assert same_bits(ex.run(x)["y"], kept.run(x)["y"])
