@@ -117,6 +117,22 @@ class _Weights:
         return {name: np.frombuffer(mapped, dtype, count=int(np.prod(shape, dtype=np.int64)), offset=offset)
                 .reshape(shape) for name, (offset, dtype, shape) in self._layout.items()}
 
+    #: onnxruntime quantizing a weight inside a session grows its arena by about three times that weight (the
+    #: quantizer's chain of elementwise ops: 7.5 MB for cnv's 2.4 MB weight); folding costs the quantized copies
+    FOLD_RATIO = 3.0
+
+    def folding_is_smaller(self) -> bool:
+        """Whether folding the weight quantizers (a quantized copy of every weight, made block by block) takes less
+        memory than quantizing inside the sessions at each run (about :data:`FOLD_RATIO` times the largest
+        weight): true for a network whose weights are a few similar layers (cnv: 6.3 MB, the largest 2.4 MB),
+        false for a deep one (MobileNet-v1: 17 MB, the largest 4.2 MB)."""
+        if self._file is None:
+            sizes = [a.nbytes for a in self._arrays.values()]
+        else:
+            sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+                     for _, dt, shape in self._layout.values()]
+        return bool(sizes) and sum(sizes) <= self.FOLD_RATIO * max(sizes)
+
     def spill(self) -> bool:
         """Write the weights to an unlinked temporary file and drop them from memory; False (kept in memory, with a
         warning) if the file cannot be written."""
@@ -365,9 +381,12 @@ class ReferenceData:
         large weight quantizers run at each run (``Executor(fold_large=False)``): folded, they would double the
         weights in memory (17.7 MB for MobileNet-v1) while the pipeline's model still holds them. ``fold``: they
         are folded, for runs that return every tensor (:meth:`values`), whose results then share the quantized
-        weights instead of holding a copy per sample."""
+        weights instead of holding a copy per sample.
+
+        A float32 executor folds them anyway where that takes less memory (:meth:`_Weights.folding_is_smaller`)."""
         from custom_ops.executor import Executor
 
+        fold = fold or (np.dtype(dtype) == np.float32 and self._weights.folding_is_smaller())
         key = (np.dtype(dtype).name, fold)
         if key not in self._executors:
             self._executors[key] = Executor(self._proto, dtype=dtype, constants=self._weights.arrays(),

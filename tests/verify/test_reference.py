@@ -160,37 +160,59 @@ def test_precompute_spills_the_weights_and_every_result_stays_the_same() -> None
     np.testing.assert_array_equal(ref.subset([2]).outputs()["y"], plain.outputs()["y"][2:])
 
 
-def _quantized_weight_model():
-    """x -> MatMul(x, Quant(w)) with w large enough to be fed (not folded by the reference's outputs executor)."""
+def _quantized_weight_model(layers: int = 4):
+    """x -> MatMul(Quant(w_i)) ``layers`` times, each w_i (256 x 256) large enough to be fed to the sessions."""
     from onnx import TensorProto, helper, numpy_helper
 
     from finnlite import Model
     from finnlite.compat import QONNX_DOMAIN, make_model
     from verify.region import _FEED_ELEMENTS
 
-    k, n = 256, _FEED_ELEMENTS // 256 + 1
-    w = np.random.default_rng(0).normal(size=(k, n)).astype(np.float32)
-    inits = [numpy_helper.from_array(w, "w")] + [numpy_helper.from_array(np.float32(v), name)
-                                                  for name, v in (("s", 0.25), ("z", 0.0), ("b", 4.0))]
-    nodes = [helper.make_node("Quant", ["w", "s", "z", "b"], ["q"], domain=QONNX_DOMAIN, signed=1, narrow=1,
-                              rounding_mode="ROUND"), helper.make_node("MatMul", ["x", "q"], ["y"])]
+    k = 256
+    assert k * k >= _FEED_ELEMENTS
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.float32(v), name) for name, v in (("s", 0.25), ("z", 0.0), ("b", 4.0))]
+    nodes, src = [], "x"
+    for i in range(layers):
+        inits.append(numpy_helper.from_array((rng.normal(size=(k, k)) / 16).astype(np.float32), f"w{i}"))
+        out = "y" if i == layers - 1 else f"h{i}"
+        nodes += [helper.make_node("Quant", [f"w{i}", "s", "z", "b"], [f"q{i}"], domain=QONNX_DOMAIN, signed=1,
+                                   narrow=1, rounding_mode="ROUND"), helper.make_node("MatMul", [src, f"q{i}"], [out])]
+        src = out
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], inits)
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, k])], inits)
     return Model(make_model(graph))
 
 
 def test_weight_quantizers_fold_only_for_runs_that_return_every_tensor() -> None:
-    model = _quantized_weight_model()
+    model = _quantized_weight_model(layers=4)
     ref = ReferenceData.random(model, n=2, seed=1)
     outputs = ref.outputs()["y"]
-    # the outputs' executor quantizes the weight at each run: no second copy of the weights while the pipeline runs
-    assert ref.executor().describe().startswith("2 nodes to run")
+    # the outputs' executor quantizes the weights at each run: no second copy of them while the pipeline runs
+    assert ref.executor().describe().startswith("8 nodes to run")
     first, second = ref.values(0), ref.values(1)
-    assert first["q"] is second["q"]  # every sample's tensors share the folded weight, not a copy each
+    assert first["q0"] is second["q0"]  # every sample's tensors share the folded weight, not a copy each
     np.testing.assert_array_equal(np.concatenate([first["y"], second["y"]]), outputs)
     again = ReferenceData.random(model, n=2, seed=1)
     again.precompute(values=1)  # values first, then the outputs from the same (folded) executor: same bits
     np.testing.assert_array_equal(again.outputs()["y"], outputs)
+
+
+@pytest.mark.parametrize("layers,folded", [(1, True), (3, True), (4, False)])
+def test_the_outputs_fold_the_weights_where_that_takes_less_memory(layers, folded) -> None:
+    """Quantizing inside a session costs about three times the largest weight, folding a copy of every weight: a
+    network of three similar layers folds, one of four does not, and the outputs are the same bits either way."""
+    from custom_ops.executor import Executor
+
+    model = _quantized_weight_model(layers)
+    ref = ReferenceData.random(model, n=2, seed=3)
+    assert ref._weights.folding_is_smaller() is folded
+    assert ref.executor().fold_large is folded and ref.executor(np.float64).fold_large is False
+    outputs = ref.outputs()["y"]
+    ref.precompute()  # spilled: the rule reads the sizes from the file's layout
+    assert ref._weights.spilled and ref._weights.folding_is_smaller() is folded
+    unfolded = Executor(model.to_proto(), fold_large=False).run(ref.inputs)["y"]
+    assert np.array_equal(outputs.view(np.uint32), unfolded.view(np.uint32))
 
 
 def test_a_failed_spill_keeps_the_weights_in_memory(monkeypatch) -> None:
