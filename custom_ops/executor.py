@@ -89,10 +89,10 @@ _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
 #: custom ops whose output has the shape of their first input (for static shape inference)
 _SHAPE_PRESERVING = {"Quant", "IntQuant", "BipolarQuant", "Trunc", "MultiThreshold"}
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-#: standard ops run alone, as qonnx runs them (see NodeSessionStep): onnxruntime's NCHWc pooling kernels, which it
-#: picks for a lone pooling node with known shapes, can differ from the plain ones (max of -0.0 and +0.0)
 #: weight quantizers that constant folding computes with their kernels by blocks of rows (custom_ops.common.by_rows)
 _FOLDED_BY_ROWS = {"Quant", "IntQuant", "BipolarQuant"}
+#: standard ops run alone, as qonnx runs them (see NodeSessionStep): onnxruntime's NCHWc pooling kernels, which it
+#: picks for a lone pooling node with known shapes, can differ from the plain ones (max of -0.0 and +0.0)
 _ALONE = {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool", "GlobalLpPool"}
 BATCH_MODES = ("per_item", "vectorized")
 #: the plan mode of ``run(return_all=True, windows=False)``: every tensor but the fused pairs' windows

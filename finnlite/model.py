@@ -133,8 +133,8 @@ class Model:
         self._values = values
 
     def index_value(self, v: ir.Value) -> None:
-        """Record ``v`` under its (new) name in the name index, after renaming it: lookups find it at once instead of
-        after a rebuild of the index."""
+        """Record ``v`` under its name in the name index (a new value, or one just renamed): lookups find it at once
+        instead of after a rebuild of the index."""
         self._values[v.name] = weakref.ref(v)
 
     def _indexed(self, name: str) -> ir.Value | None:
@@ -187,7 +187,7 @@ class Model:
             v.shape = ir.Shape(list(shape))
         if dtype is not None:
             v.dtype = _np_dtype_to_ir(dtype)
-        self._values[v.name] = weakref.ref(v)
+        self.index_value(v)
         return v
 
     def make_value_like(self, like: ir.Value, prefix: str | None = None) -> ir.Value:
@@ -197,7 +197,7 @@ class Model:
             v.shape = like.shape
         if like.dtype is not None:
             v.dtype = like.dtype
-        self._values[v.name] = weakref.ref(v)
+        self.index_value(v)
         return v
 
     # -- shapes --------------------------------------------------------------------------------------------
@@ -315,7 +315,7 @@ class Model:
             v.const_value = tensor
         v.shape = ir.Shape(shape)
         v.dtype = dtype
-        self._values[name] = weakref.ref(v)
+        self.index_value(v)
         return v
 
     def add_initializer(self, array: np.ndarray | DepthwiseWeight, prefix: str = "c") -> ir.Value:
@@ -466,7 +466,7 @@ class Model:
         old.replace_all_uses_with(new, replace_graph_outputs=True)
         old.name = self.make_new_valueinfo_name(out_name + "_old")
         new.name = out_name
-        self._values[out_name] = weakref.ref(new)
+        self.index_value(new)
 
     def _identity_of(self, v: ir.Value, out_name: str) -> ir.Value:
         """A new value ``Identity(v)`` (appended to the graph) with the shape, element type and annotations of ``v``."""

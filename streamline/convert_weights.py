@@ -33,6 +33,7 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.bipolar_quant import bipolar_quant
+from custom_ops.common import by_rows
 from custom_ops.quant import max_int, min_int, quant
 from custom_ops.registry import is_standard_domain
 from finnlite.datatypes import BaseDataType, DataType, int_type, smallest_int_type
@@ -98,9 +99,9 @@ def integer_weight(node: ir.Node, split: bool = True) -> IntegerWeight:
     if a parameter is missing or the split does not reproduce the kernel's output exactly (e.g. integers beyond
     float32's 2^24).
 
-    The split runs over blocks of rows (:func:`_row_blocks`): the kernel is elementwise, so each block computes what
-    the whole weight would, and the temporaries (the kernel's, a float64 copy, the check's) are those of a block,
-    not five to six copies of the largest weight (4 MB each in MobileNet-v1) at once."""
+    The split runs over blocks of rows (:func:`custom_ops.common.by_rows`): the kernel is elementwise, so each block
+    computes what the whole weight would, and the temporaries (the kernel's, a float64 copy, the check's) are those
+    of a block, not five to six copies of the largest weight (4 MB each in MobileNet-v1) at once."""
     custom = custom_op(node)
     w = const_input(node, 0, "weight")
     scale = positive_scale(const_input(node, 1, "scale"))
@@ -123,40 +124,28 @@ def integer_weight(node: ir.Node, split: bool = True) -> IntegerWeight:
     if not split:
         y = np.asarray(kernel(w, scale, zeropt), dtype=np.float32)
         return IntegerWeight(np.empty(0, np.float32), zeropt, scale, y, dtype, qmin, qmax)
-    shape = np.broadcast_shapes(np.shape(w), scale.shape, zeropt.shape)
-    q = np.empty(shape, np.float32)
-    for rows in _row_blocks(shape):
-        part = lambda a: a[rows] if a.ndim == len(shape) > 0 and a.shape[0] > 1 else a  # noqa: E731
-        s, z = part(scale), part(zeropt)
-        y = np.asarray(kernel(part(np.asarray(w)), s, z), dtype=np.float32)
+
+    def split_block(x: np.ndarray, s: np.ndarray, z: np.ndarray) -> np.ndarray:
+        y = np.asarray(kernel(x, s, z), dtype=np.float32)
         with np.errstate(all="ignore"):
             t = y.astype(np.float64)
             np.divide(t, s, out=t)
             np.add(t, z, out=t)
-            qb = np.round(t, out=t).astype(np.float32)
-        del t
-        ok = (qb >= qmin) & (qb <= qmax)
+            q = np.round(t, out=t).astype(np.float32)
+        ok = (q >= qmin) & (q <= qmax)
         if dtype == DataType["BIPOLAR"]:
-            ok &= qb != 0
-        recomputed = np.asarray((qb - z) * s, dtype=np.float32)
+            ok &= q != 0
+        recomputed = np.asarray((q - z) * s, dtype=np.float32)
         if not (ok.all() and _same_float32(recomputed, y)):
             raise Unsupported("the quantized weights are not reproduced exactly by integers and the scale")
-        q[rows] = qb
+        return q
+
+    q = by_rows(split_block, w, scale, zeropt, block=_BLOCK_ELEMENTS)
     return IntegerWeight(q, zeropt, scale, None, dtype, qmin, qmax)
 
 
 #: elements per block of :func:`integer_weight` (256 KB of float32: the kernels make a few temporaries of a block)
 _BLOCK_ELEMENTS = 1 << 16
-
-
-def _row_blocks(shape: tuple[int, ...]) -> list[Any]:
-    """Slices of axis 0 of a tensor of ``shape`` covering it in blocks of about :data:`_BLOCK_ELEMENTS` (at least
-    one row each); ``[...]`` (all of it) for a 0-d tensor or a single row."""
-    if not shape or shape[0] <= 1:
-        return [Ellipsis]
-    row = max(1, int(np.prod(shape[1:], dtype=np.int64)))
-    step = max(1, _BLOCK_ELEMENTS // row)
-    return [slice(i, min(i + step, shape[0])) for i in range(0, shape[0], step)]
 
 
 # -- where a scale can go after a consumer ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from finnlite.datatypes import (BaseDataType, DataType, datatype_of_values, is_i
                                 smallest_int_type)
 from finnlite.shapes import const_array, infer_node_shapes
 from finnlite.tensors import DepthwiseWeight
+from streamline.convert_common import take_over  # noqa: F401 - the one implementation, for the lower stage
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -199,13 +200,3 @@ def get_tensor_sparsity(v: ir.Value) -> dict[str, Any] | None:
     ann = v.meta.get(_QA_KEY) or {}
     text = ann.get(_SPARSITY_KEY)
     return ast.literal_eval(text) if text else None
-
-
-def take_over(model: "Model", old: ir.Value, new: ir.Value) -> None:
-    """Make every consumer of ``old`` (and the graph output, if it is one) read ``new``, and give ``new`` the name
-    of ``old`` (which gets a fresh one), so that tensor names downstream of a rewrite do not change."""
-    name = old.name
-    old.replace_all_uses_with(new, replace_graph_outputs=True)
-    old.name = model.make_new_valueinfo_name(f"{name}_replaced")
-    new.name = name
-    model.index_value(new)

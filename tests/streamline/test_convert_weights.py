@@ -298,12 +298,22 @@ def test_integer_weight_by_blocks_is_the_whole_weight_split(monkeypatch, op, bit
     node = next(n for n in model.graph if n.op_type == op)
     whole = cw.integer_weight(node)
     monkeypatch.setattr(cw, "_BLOCK_ELEMENTS", 20)  # 27 elements a row: one row a block
-    assert len(cw._row_blocks(w.shape)) == 7
+    checked = _count_blocks(monkeypatch, cw)
     blocks = cw.integer_weight(node)
+    assert len(checked) == 7
     np.testing.assert_array_equal(blocks.q.view(np.int32), whole.q.view(np.int32))
     expected = (bipolar_quant(w, scale) if op == "BipolarQuant"
                 else quant(w, scale, np.float32(zp), np.float32(bits), True, False))
     np.testing.assert_array_equal((blocks.q - np.float32(zp)) * scale, expected)
+
+
+def _count_blocks(monkeypatch, cw) -> list[int]:  # noqa: ANN001
+    """A list that grows by one for each block integer_weight checks."""
+    calls: list[int] = []
+    check = cw._same_float32
+    monkeypatch.setattr(cw, "_same_float32", lambda a, b: calls.append(a.shape[0]) or check(a, b))
+    return calls
+
 
 def test_integer_weight_by_blocks_refuses_a_last_block_it_cannot_reproduce(monkeypatch):
     """Integers beyond float32's 2^24 in the last row only (blocks of one row): the split is refused."""
@@ -316,9 +326,10 @@ def test_integer_weight_by_blocks_refuses_a_last_block_it_cannot_reproduce(monke
         model = Model(graph_model(nodes + [helper.make_node("Identity", ["Wq"], ["y"])], {}, {"y": [rows, 5]},
                                   inits))
         node = next(n for n in model.graph if n.op_type == "Quant")
-        assert len(cw._row_blocks((rows, 5))) == rows
+        checked = _count_blocks(monkeypatch, cw)
         if refused:
             with pytest.raises(cw.Unsupported, match="not reproduced exactly"):
                 cw.integer_weight(node)
         else:
             assert cw.integer_weight(node).q.shape == (rows, 5)
+        assert len(checked) == rows  # one row a block; refused at the last
