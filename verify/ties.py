@@ -173,7 +173,8 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
                 m = margin_at(node, lookup, index)
                 if m is not None and m.is_near(rtol) and (k not in by_margin or m.relative < by_margin[k][0].relative):
                     by_margin[k] = (m, node.name or node.op_type)
-    unexplained = np.array([k not in by_margin for k in range(diff_indices.size)], bool)
+    unexplained = np.ones(diff_indices.shape, bool)
+    unexplained[list(by_margin)] = False
     by_f64 = np.zeros(diff_indices.shape, bool)
     if unexplained.any() and float64 is not None:
         ref = float64()
