@@ -147,8 +147,11 @@ def cli_model(name: str, verify: str = "each") -> dict:
     from finnlite import Model
     from finnlite.build import streamline
 
+    from finnlite.cli import freeze_imports
+
     entry = json.loads((ZOO / "manifest.json").read_text())[name]
     rss_base = _import_everything()
+    freeze_imports()  # as the command does before loading the model
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         model = Model(ZOO / entry["file"])
@@ -190,24 +193,29 @@ def cli_table() -> None:
 
 
 def verification_overhead() -> None:
+    """The cost of per-pass verification on every zoo model: the pipeline with the verification hook against the
+    pipeline alone, on fresh copies of the model, medians of 5 rounds (each with fresh reference data: single rounds
+    vary by +-15% and more on the small models)."""
     from finnlite import Model
+    from finnlite.cli import freeze_imports
     from streamline.pipeline import default_stages
     from verify import ReferenceData, measure_overhead
 
-    name = "mobilenet_v1_4b"
-    entry = json.loads((ZOO / "manifest.json").read_text())[name]
-    lo, hi = entry["input_range"]
-    model = Model(ZOO / entry["file"])
-    plain, verified, checks = [], [], 0
-    for _ in range(5):  # medians of 5 rounds (each with fresh reference data): single rounds vary by +-15% here
-        o = measure_overhead(model, default_stages, ReferenceData.random(model, n=4, seed=0, low=lo, high=hi))
-        plain.append(o.plain_seconds)
-        verified.append(o.verified_seconds)
-        checks = o.checks
-    p, v = statistics.median(plain), statistics.median(verified)
-    print(f"== per-pass verification on {name} (medians of 5 rounds): pipeline {p:.2f} s, with verification "
-          f"{v:.2f} s ({v / p:.2f}x, {checks} checks; rounds "
-          f"{', '.join(f'{b / a:.2f}x' for a, b in zip(plain, verified))}); target < 2x")
+    freeze_imports()  # as the command does before loading a model
+    print("== per-pass verification: the pipeline with it against without it (medians of 5 rounds; target < 2x)")
+    print(f"  {'model':<18} {'checks':>6} {'pipeline s':>10} {'verified s':>10} {'ratio':>6}  rounds")
+    for name, entry in json.loads((ZOO / "manifest.json").read_text()).items():
+        lo, hi = entry["input_range"]
+        model = Model(ZOO / entry["file"])
+        plain, verified, checks = [], [], 0
+        for _ in range(5):
+            o = measure_overhead(model, default_stages, ReferenceData.random(model, n=4, seed=0, low=lo, high=hi))
+            plain.append(o.plain_seconds)
+            verified.append(o.verified_seconds)
+            checks = o.checks
+        p, v = statistics.median(plain), statistics.median(verified)
+        rounds = ", ".join(f"{b / a:.2f}" for a, b in zip(plain, verified))
+        print(f"  {name:<18} {checks:>6} {p:10.3f} {v:10.3f} {v / p:5.2f}x  {rounds}")
 
 
 def _resnet_style(blocks: int) -> "object":
