@@ -376,19 +376,19 @@ class Executor:
 
         for i, node in enumerate(nodes):
             inputs = node_inputs(node)
+            # a weight quantizer, or anything else reading a large constant
+            reads_large = any(t in self._constants and self._constants[t].size >= FEED_ELEMENTS for t in inputs)
             if (not all(t in self._constants or t in pending for t in inputs)
                     or not (inputs or node.op_type == "Constant") or node.op_type in _NONDETERMINISTIC
-                    or (not self.fold_large and any(t in self._constants and self._constants[t].size >= FEED_ELEMENTS
-                                                    for t in inputs))):
+                    or (reads_large and not self.fold_large)):
                 if i in ops:
                     kept_ops[len(kept)] = ops[i]
                 kept.append(node)
                 continue
             label = node_label(node, i)
             outputs = [t for t in node.output if t]
-            if (i in ops and node.op_type in _FOLDED_BY_ROWS and self.dtype == np.float32 and len(outputs) == 1
-                    and all(t in self._constants for t in inputs)
-                    and any(self._constants[t].size >= FEED_ELEMENTS for t in inputs)):
+            if (reads_large and i in ops and node.op_type in _FOLDED_BY_ROWS and self.dtype == np.float32
+                    and len(outputs) == 1 and all(t in self._constants for t in inputs)):
                 # a weight quantizer: its numpy kernel (qonnx's own arithmetic, bit for bit what the lowering
                 # computes) over blocks of rows, without the weight-sized temporaries of a session computing it
                 op, args = ops[i], [self._constants[t] for t in node.input]
