@@ -160,17 +160,18 @@ def cli_model(name: str, verify: str = "each") -> dict:
         total = time.perf_counter() - t0
     v = report.verification
     rss = _peak_rss()
+    worker = v.worker_memory or 0  # the per-pass checks' process: what it added beyond the pages it shared
     return {"name": name, "total": total, "samples": v.samples, "final": report.seconds.get("final check", 0.0),
             "ok": report.error is None and v.final is not None and v.final.ok, "rss": rss,
-            "rss_incr": rss - rss_base, "file": (ZOO / entry["file"]).stat().st_size}
+            "rss_incr": rss - rss_base + worker, "worker": worker, "file": (ZOO / entry["file"]).stat().st_size}
 
 
 def cli_table() -> None:
     print("== end to end as `finnlite streamline` runs it (load, pipeline, final check with the default sample count")
     print("   for the input size, report extras, save; in-process, without the interpreter's start-up), with per-pass")
     print("   verification (the default, --verify each) and without it (--verify final); each run in its own process")
-    print(f"  {'model':<18} {'samples':>7} {'each s':>6} {'final s':>7} {'ratio':>5}  {'each +MB':>8} {'+/file':>6}  "
-          f"{'final +MB':>9} {'+/file':>6}  {'final runs +MB':>14}")
+    print(f"  {'model':<18} {'samples':>7} {'each s':>6} {'final s':>7} {'ratio':>5}  {'each +MB':>8} {'worker':>6} "
+          f"{'+/file':>6}  {'final +MB':>9} {'+/file':>6}  {'final runs +MB':>14}")
     for name in json.loads((ZOO / "manifest.json").read_text()):
         runs: dict[str, list[dict]] = {"each": [], "final": []}
         for mode, repeats in (("each", 1), ("final", 3)):
@@ -184,38 +185,46 @@ def cli_table() -> None:
         failed = "" if e["ok"] and all(r["ok"] for r in finals) else "  VERIFICATION FAILED"
         spread = " / ".join(f"{r['rss_incr'] / 1e6:.1f}" for r in finals)
         print(f"  {name:<18} {e['samples']:>7} {e['total']:6.2f} {f['total']:7.2f} {e['total'] / f['total']:4.2f}x  "
-              f"{e['rss_incr'] / 1e6:8.0f} {e['rss_incr'] / e['file']:5.1f}x  {f['rss_incr'] / 1e6:9.1f} "
+              f"{e['rss_incr'] / 1e6:8.0f} {e.get('worker', 0) / 1e6:6.0f} {e['rss_incr'] / e['file']:5.1f}x  "
+              f"{f['rss_incr'] / 1e6:9.1f} "
               f"{f['rss_incr'] / f['file']:5.2f}x  {spread:>14}{failed}")
     print("  (+MB: the peak RSS above the warmed-up baseline, as in the table above; --verify final runs three times,")
     print("  median shown, all three listed: the peak varies by a few MB between identical runs; per-pass verification")
     print("  keeps every tensor of the current model version on its probe samples, and each check runs part of the")
-    print("  model: its memory comes on top of the pipeline's)")
+    print("  model: its memory comes on top of the pipeline's; each +MB includes the worker process's peak beyond the")
+    print("  pages it shares with the command, shown as worker)")
 
 
 def verification_overhead() -> None:
     """The cost of per-pass verification on every zoo model: the pipeline with the verification hook against the
     pipeline alone, on fresh copies of the model, medians of 5 rounds (each with fresh reference data: single rounds
-    vary by +-15% and more on the small models)."""
+    vary by +-15% and more on the small models). The checks run as by default (in a worker process where
+    supported) and, for comparison, on a thread."""
     from finnlite import Model
     from finnlite.cli import freeze_imports
     from streamline.pipeline import default_stages
     from verify import ReferenceData, measure_overhead
+    from verify.worker import process_supported
 
     freeze_imports()  # as the command does before loading a model
-    print("== per-pass verification: the pipeline with it against without it (medians of 5 rounds; target < 2x)")
-    print(f"  {'model':<18} {'checks':>6} {'pipeline s':>10} {'verified s':>10} {'ratio':>6}  rounds")
+    modes = ["process", "thread"] if process_supported() else ["thread"]
+    print("== per-pass verification: the pipeline with it against without it (medians of 5 rounds; target < 2x);")
+    print(f"   checks in a worker {' and, for comparison, on a thread' if len(modes) > 1 else 'thread'}")
+    print(f"  {'model':<18} {'checks':>6} {'mode':>7} {'pipeline s':>10} {'verified s':>10} {'ratio':>6}  rounds")
     for name, entry in json.loads((ZOO / "manifest.json").read_text()).items():
         lo, hi = entry["input_range"]
         model = Model(ZOO / entry["file"])
-        plain, verified, checks = [], [], 0
-        for _ in range(5):
-            o = measure_overhead(model, default_stages, ReferenceData.random(model, n=4, seed=0, low=lo, high=hi))
-            plain.append(o.plain_seconds)
-            verified.append(o.verified_seconds)
-            checks = o.checks
-        p, v = statistics.median(plain), statistics.median(verified)
-        rounds = ", ".join(f"{b / a:.2f}" for a, b in zip(plain, verified))
-        print(f"  {name:<18} {checks:>6} {p:10.3f} {v:10.3f} {v / p:5.2f}x  {rounds}")
+        for mode in modes:
+            plain, verified, checks = [], [], 0
+            for _ in range(5):
+                o = measure_overhead(model, default_stages,
+                                     ReferenceData.random(model, n=4, seed=0, low=lo, high=hi), background=mode)
+                plain.append(o.plain_seconds)
+                verified.append(o.verified_seconds)
+                checks = o.checks
+            p, v = statistics.median(plain), statistics.median(verified)
+            rounds = ", ".join(f"{b / a:.2f}" for a, b in zip(plain, verified))
+            print(f"  {name:<18} {checks:>6} {mode:>7} {p:10.3f} {v:10.3f} {v / p:5.2f}x  {rounds}")
 
 
 def _resnet_style(blocks: int) -> "object":

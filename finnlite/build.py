@@ -254,6 +254,7 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
                          for r in hook.records]
         result.seconds += hook.seconds
         hook.close()  # the cached tensor values are not needed by the final check: free them before it runs
+        result.worker_memory = hook.worker_memory
         if error is not None:
             f = result.failure or {}
             result.checks.append(CheckRow(f.get("pass") or "?", f.get("stage"), f.get("iteration"), "", None, None,

@@ -7,18 +7,23 @@ saves the models before and after the pass and raises :class:`PassVerificationEr
 diverging tensor and its producing node, the largest error and the files. Float32 near-ties (:mod:`verify.ties`)
 are accepted and logged with their margins.
 
-By default the checks run on a background thread (``background=True``), so that they overlap the next passes: the
-hook hands the worker a private structural copy of each changed version (the copies share the initializer arrays,
-which :meth:`finnlite.Model.set_initializer` freezes) and the pipeline goes on. A failure is raised at the next pass
-boundary, or when the run ends (:meth:`VerificationHook.after_run`), still naming the pass that broke equivalence;
-if the pipeline itself fails first, the hook reports a pending verification failure ahead of that error
-(:meth:`VerificationHook.on_error`). ``background=False`` checks each pass before the next one starts.
+By default the checks run in the background, so that they overlap the next passes, and the pipeline goes on: in a
+forked worker process where that is supported (``background="process"``; Linux with two CPUs or more, see
+:mod:`verify.worker`), which receives each changed version serialized without the initializers it holds already;
+else on a thread (``background="thread"``), which receives a private structural copy of each changed version (the
+copies share the initializer arrays, which :meth:`finnlite.Model.set_initializer` freezes). A failure is raised at
+the next pass boundary, or when the run ends (:meth:`VerificationHook.after_run`), still naming the pass that broke
+equivalence; if the pipeline itself fails first, the hook reports a pending verification failure ahead of that
+error (:meth:`VerificationHook.on_error`). ``background=False`` checks each pass before the next one starts. In the
+worker process the checks run exactly as in this one (the same :class:`VerificationHook` code, forked); their
+records, near-ties, log messages and failures come back to this process.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import re
 import tempfile
 import threading
@@ -42,6 +47,7 @@ from verify.reference import ReferenceData
 from verify.region import structure_key
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, NearTie
 from verify.verifier import CheckOutcome, Verifier
+from verify.worker import VersionReceiver, VersionSender, Worker, process_supported, replay_logs
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +111,19 @@ def probe_samples(reference: ReferenceData) -> int:
     return max(1, min(8, PROBE_ELEMENTS // max(per_sample, 1)))
 
 
+def _pickled(runs: list[tuple[Any, Policy, int | None]] | None) -> bytes | None:
+    """A stage check's pass runs for the worker process (replayed there on a failure), or None if they do not
+    pickle (a failing stage is then reported without naming its pass)."""
+    if runs is None:
+        return None
+    try:
+        return pickle.dumps(runs)
+    except Exception as exc:  # noqa: BLE001 - a pass holding a lambda, a lock, ...
+        log.warning("the passes of a stage check cannot be sent to the verification worker (%s); a failure of the "
+                    "stage will not name its pass", exc)
+        return None
+
+
 def _union_policy(policies: list[Policy], default: Policy) -> Policy:
     """One policy admitting what each of ``policies`` admits (for checking several passes at once): equality if
     they all say so, else the largest of each tolerance; near-ties if any accepts them."""
@@ -136,13 +155,17 @@ class VerificationHook:
     MNIST digits). ``policy``: the default for passes and stages that declare none. ``save_dir``: where failing
     models are written (a new temporary folder by default, under ``$FINNLITE_VERIFY_DIR`` if set). After the run,
     ``records`` lists the checks and ``near_ties`` the accepted float32 near-ties; :meth:`final_check` compares the
-    result with the original on all reference samples."""
+    result with the original on all reference samples. ``background``: ``True`` (a worker process where supported,
+    else a thread), ``"process"``, ``"thread"`` or ``False`` (module docstring). With a worker process,
+    ``verifier`` stays None in this process."""
 
     def __init__(self, reference: ReferenceData | None = None, *, samples: int | None = None,
                  policy: Policy = DEFAULT_POLICY, granularity: str = "pass", save_dir: str | Path | None = None,
-                 near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL, background: bool = True) -> None:
+                 near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL, background: bool | str = True) -> None:
         if granularity not in ("pass", "every-pass", "stage", "off"):
             raise ValueError(f"granularity must be 'pass', 'every-pass', 'stage' or 'off', not {granularity!r}")
+        if background not in (True, False, "thread", "process"):
+            raise ValueError(f"background must be True, False, 'thread' or 'process', not {background!r}")
         self.reference = reference
         self.samples = samples
         self.policy = policy
@@ -162,6 +185,19 @@ class VerificationHook:
         self._pending: list[Future] = []
         self._lock = threading.Lock()
         self._copies: dict[int, tuple[Any, int, Any]] = {}  # frozen copies of writable initializers (_private_copy)
+        self._worker: Worker | None = None  # the worker process (background="process")
+        self._sender: VersionSender | None = None  # what the worker process holds, and each version for it
+        self._remote: BaseException | None = None  # the first failure or error the worker process reported
+        self._child: tuple[Model, dict[int, Any]] | None = None  # in the worker: the first version, its tensors
+        self._receiver: VersionReceiver | None = None  # in the worker: the versions rebuilt from the messages
+        #: the worker process's peak memory of its own (beyond the pages it shares with this process), in bytes,
+        #: known once :meth:`close` stopped it (None without a worker process, or if unreadable)
+        self.worker_memory: int | None = None
+
+    @property
+    def in_process(self) -> bool:
+        """True if the checks run in a worker process (``background`` True or ``"process"``, where supported)."""
+        return self.background == "process" or (self.background is True and process_supported())
 
     # -- state -------------------------------------------------------------------------------------------------
     @property
@@ -188,7 +224,20 @@ class VerificationHook:
         if self.reference is None:
             self.reference = ReferenceData.random(model, n=max(self.samples or 0, 8))
         self._structure = structure_key(model)
-        self._run(self._start, self._private_copy(model))
+        first = self._private_copy(model)
+        if self.in_process:
+            self._sender = VersionSender()
+            self._child = (first, self._sender.register(first))
+            try:
+                self._worker = Worker(self._serve)
+            except OSError as exc:  # no fork possible now (process or memory limits): a thread does the checks
+                log.warning("cannot start the verification worker process (%s); checking on a thread", exc)
+                self.background, self._sender = "thread", None
+            self._child = None
+            if self._worker is not None:
+                self._worker.send(("start",))
+                return
+        self._run(self._start, first)
 
     def _start(self, version: Model) -> None:
         t0 = time.perf_counter()
@@ -215,6 +264,8 @@ class VerificationHook:
     def wait(self, raise_failure: bool = True) -> None:
         """Wait for the queued checks; then raise the first failure (:class:`PassVerificationError`), if any and
         ``raise_failure``. An unexpected error inside a check is re-raised as it is."""
+        if self._worker is not None:
+            self._collect(block=True)
         while True:
             with self._lock:
                 pending, self._pending = self._pending, []
@@ -227,6 +278,9 @@ class VerificationHook:
 
     def raise_failure(self) -> None:
         """Raise the first failing check's :class:`PassVerificationError` (saving its models), if there is one."""
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            raise remote
         failure, self._failure = self._failure, None
         if failure is None:
             return
@@ -253,6 +307,9 @@ class VerificationHook:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._worker is not None:
+            self.worker_memory = self._worker.stop()
+            self._worker, self._sender = None, None
         self.verifier, self._started, self._structure, self._copies = None, False, None, {}
         release_memory()  # the verifier's cached tensors and the checks' intermediates
 
@@ -267,6 +324,9 @@ class VerificationHook:
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool, self._pending = None, []
+            if self._worker is not None:
+                self._worker.kill()
+                self._worker, self._sender = None, None
             return
         if isinstance(exc, PassVerificationError):
             return
@@ -334,6 +394,15 @@ class VerificationHook:
                 return
             log.warning("%s reported no change but changed the graph; verifying it", label)
         self._structure = key
+        if self._worker is not None:
+            assert self._sender is not None
+            message, buffers = self._sender.encode(model)
+            request = ("check", message, policy, label, pass_name, stage, iteration, _pickled(runs))
+            self._worker.send(request, buffers)
+            self._collect(block=False)
+            if self._remote is not None:  # an earlier check failed: stop here rather than at the end
+                self.wait()
+            return
         self._run(self._check, self._private_copy(model), policy, label, pass_name, stage, iteration, runs)
 
     def _private_copy(self, model: Model) -> Model:
@@ -376,6 +445,53 @@ class VerificationHook:
         if outcome.near_ties:
             log.info("%s: %d float32 near-tie(s) accepted, e.g. %s", label, len(outcome.near_ties),
                      outcome.near_ties[0].describe())
+
+    # -- the worker process ------------------------------------------------------------------------------------
+    def _collect(self, block: bool) -> None:
+        """Take in the worker process's replies (all pending ones if ``block``): records, log messages, the first
+        failure (kept in ``_remote`` to be raised)."""
+        assert self._worker is not None
+        for reply, logs in self._worker.replies(block):
+            replay_logs(logs)
+            kind = reply[0]
+            if kind == "started":
+                self.setup_seconds += reply[1]
+            elif kind == "checked":
+                records, failure, save_dir = reply[1:]
+                self._records.extend(records)
+                if save_dir is not None:
+                    self.save_dir = Path(save_dir)
+                if failure is not None and self._remote is None:
+                    message, fields = failure
+                    self._remote = PassVerificationError(message, **fields)
+            elif self._remote is None:  # ("error", exception): a check raised something unexpected
+                self._remote = reply[1]
+
+    def _serve(self, request: tuple, buffers: list[np.ndarray]) -> tuple:
+        """In the worker process: start the verifier on the first version, or check one version (sent without the
+        tensors the worker holds) as :meth:`verify` does in-process, replaying a stage's passes on a failure."""
+        if request[0] == "start":
+            assert self._child is not None
+            first, store = self._child
+            self._child, self.background = None, False
+            self._receiver = VersionReceiver(store)
+            self._start(first)
+            return ("started", self.setup_seconds)
+        _, message, policy, label, pass_name, stage, iteration, runs = request
+        assert self._receiver is not None
+        version = self._receiver.decode(message, buffers)
+        done = len(self._records)
+        failure = None
+        try:
+            self._check(version, policy, label, pass_name, stage, iteration,
+                        pickle.loads(runs) if runs is not None else None)
+            self.raise_failure()
+        except PassVerificationError as exc:
+            failure = (exc.message, {"pass_name": exc.pass_name, "stage": exc.stage, "iteration": exc.iteration,
+                                     "node": exc.node, "tensor": exc.tensor, "max_error": exc.max_error,
+                                     "sample": exc.sample, "before_path": exc.before_path,
+                                     "after_path": exc.after_path})
+        return ("checked", self._records[done:], failure, str(self.save_dir) if self.save_dir else None)
 
     def _error(self, failure: "_Failure") -> "PassVerificationError":
         """The error for a failed check, with the models before and after saved."""

@@ -67,7 +67,7 @@ class Overhead:
 
 
 def measure_overhead(model: Any, stages: Any, reference: ReferenceData, *, samples: int | None = None,
-                     granularity: str = "pass", background: bool = True) -> Overhead:
+                     granularity: str = "pass", background: bool | str = True) -> Overhead:
     """Run the pipeline on two copies of ``model``: once plain, once with a verification hook (``samples`` and
     ``granularity`` as for :class:`~verify.hook.VerificationHook`); ``stages`` is a list of stages or a function
     returning a fresh one (passes may keep state)."""
@@ -81,4 +81,5 @@ def measure_overhead(model: Any, stages: Any, reference: ReferenceData, *, sampl
     t0 = time.perf_counter()
     PassManager(make(), [hook]).run(verified)
     t_verified = time.perf_counter() - t0
+    hook.close()  # the cached values, and the worker process if any: not left to the next measurement
     return Overhead(t_plain, t_verified, len(hook.records), hook.setup_seconds)

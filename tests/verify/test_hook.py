@@ -463,7 +463,7 @@ def test_a_change_of_encoding_that_reconverges_passes() -> None:
     for xnor in (True, False):  # the XNOR op refuses the stale bipolar values: the region is widened first
         rule = type("BinaryEncodingX" if xnor else "BinaryEncodingM", (BinaryEncoding,), {"xnor": xnor})
         model = _bipolar_matmul()
-        hook = VerificationHook(ReferenceData.random(model, n=4), policy=Equality())
+        hook = VerificationHook(ReferenceData.random(model, n=4), policy=Equality(), background="thread")
         PassManager([Stage("lower", [rule])], [hook]).run(model)
         (rec,) = hook.records
         assert (rec.changed_nodes, rec.region_nodes) == (4, 5)  # the unchanged Identity had to be run too
@@ -576,7 +576,7 @@ class ToNHWC(Transformation):
 
 def test_a_layout_change_is_verified_through_unchanged_elementwise_nodes() -> None:
     model = _conv_relu("Conv")
-    hook = VerificationHook(ReferenceData.random(model, n=2), policy=Equality())
+    hook = VerificationHook(ReferenceData.random(model, n=2), policy=Equality(), background="thread")
     PassManager([Stage("lower", [ToNHWC])], [hook]).run(model)
     (rec,) = hook.records
     assert rec.region_nodes == rec.changed_nodes + 1  # the unchanged Relu ran on the NHWC tensor
@@ -595,7 +595,7 @@ def test_a_layout_sensitive_reader_left_unchanged_is_caught() -> None:
     assert (info.value.node, info.value.tensor) == ("conv2", "out")
 
 
-# -- checks on the background thread -------------------------------------------------------------------------------
+# -- checks in the background (worker process or thread) ---------------------------------------------------------------
 class Crash(Transformation):
     """A pass that fails on any graph (as a later pass may on a graph a wrong rewrite broke)."""
 
@@ -603,8 +603,8 @@ class Crash(Transformation):
         raise RuntimeError("this pass cannot handle the graph")
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_a_failure_names_its_pass_though_later_passes_ran(background: bool) -> None:
+@pytest.mark.parametrize("background", ["process", "thread", False])
+def test_a_failure_names_its_pass_though_later_passes_ran(background: bool | str) -> None:
     from tests.verify.test_wrong_rewrites import AddSelf
 
     model = add_relu()
@@ -639,12 +639,12 @@ def test_a_pending_failure_is_reported_ahead_of_a_later_crash() -> None:
 
 def test_background_and_foreground_checks_agree() -> None:
     runs = []
-    for background in (True, False):
+    for background in ("process", "thread", False):
         model = mul_multithreshold(np.float32(2.5))
         hook = VerificationHook(ReferenceData.random(model, n=3, seed=4), background=background)
         PassManager([Stage("s", [AbsorbPositiveMul, RenameNodes])], [hook]).run(model)
         runs.append([(r.label, r.changed_nodes, r.region_nodes, len(r.near_ties)) for r in hook.records])
-    assert runs[0] == runs[1] and runs[0]
+    assert runs[0] == runs[1] == runs[2] and runs[0]
 
 
 def test_replaced_weights_are_not_kept_alive_by_the_checks() -> None:

@@ -1,0 +1,212 @@
+"""verify.worker: versions reach the worker process whole, tensors travel once, and the process is looked after."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from onnx import numpy_helper
+
+from finnlite import Model, PassManager, Stage, Transformation
+from finnlite.io import to_proto_without
+from finnlite.tensors import DepthwiseWeight
+from tests.verify.graphs import add_relu
+from tests.verify.test_clone import _annotated
+from verify import PassVerificationError, ReferenceData, VerificationHook
+from verify.worker import RemoteError, VersionReceiver, VersionSender, Worker, process_supported
+
+pytestmark = pytest.mark.skipif(not process_supported(), reason="no worker process here (not Linux, or one CPU)")
+
+
+def _rich() -> Model:
+    """_annotated's graph plus what travels differently: a depthwise weight, a writable array, a 0-d scalar, an
+    int64 vector and a Constant node's tensor attribute."""
+    m = _annotated()
+    m.set_initializer("dw", DepthwiseWeight(np.arange(12, dtype=np.float32).reshape(3, 2, 2)))
+    m.ir.graph.register_initializer(ir.Value(name="writable", const_value=ir.tensor(np.ones((2, 2), np.float32)),
+                                             type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2, 2])))
+    m.set_initializer("scalar", np.float32(3.5))
+    m.set_initializer("shape", np.array([1, -1], np.int64))
+    const = ir.Node("", "Constant", [], [ir.AttrTensor("value", ir.tensor(np.float32([1.5, 2.5])))], name="c0",
+                    num_outputs=1)
+    const.outputs[0].name = "c"
+    m.ir.graph.append(const)
+    return m
+
+
+def _arrays(model: Model) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in model.to_proto().graph.initializer}
+
+
+def _same_version(sent: Model, got: Model) -> None:
+    """The same graph (nodes without metadata, as the worker gets them) and the same initializer values."""
+    a, b = to_proto_without(sent.ir, [], node_metadata=False), got.to_proto()
+    for part in ("node", "input", "output", "value_info", "quantization_annotation"):
+        assert list(getattr(a.graph, part)) == list(getattr(b.graph, part)), part
+    want, have = _arrays(sent), _arrays(got)
+    assert want.keys() == have.keys()
+    for name in want:
+        assert want[name].dtype == have[name].dtype and want[name].shape == have[name].shape, name
+        assert np.array_equal(want[name], have[name]), name
+
+
+def _bytes(buffers) -> list[np.ndarray]:
+    """The buffers as the worker receives them (its own memory)."""
+    return [np.frombuffer(bytes(b), np.uint8).copy() for b in buffers]
+
+
+def test_a_version_arrives_whole_when_every_tensor_is_sent() -> None:
+    m = _rich()
+    sender, receiver = VersionSender(), VersionReceiver({})
+    message, buffers = sender.encode(m)
+    got = receiver.decode(message, _bytes(buffers))
+    _same_version(m, got)
+    assert got.get_tensor_datatype("q").name == "INT4" and got.get_tensor_datatype("z").name == "UINT3"
+    assert isinstance(got.graph.initializers["dw"].const_value, DepthwiseWeight)
+    assert got.get_initializer("scalar").shape == ()
+    assert "finnlite.note" not in got.ir.graph.node("mt0").metadata_props  # nodes travel without metadata
+
+
+def test_tensors_travel_once_and_keep_their_identity() -> None:
+    m = _rich()
+    sender = VersionSender()
+    receiver = VersionReceiver(sender.register(m))  # what a forked worker inherits
+    message, buffers = sender.encode(m)
+    assert message[1] == [] and buffers == []  # nothing new: the worker holds every tensor
+    first = receiver.decode(message, [])
+    for name, v in m.graph.initializers.items():
+        assert first.graph.initializers[name].const_value is v.const_value
+    # one weight replaced, the writable one edited in place: those two travel, as new tensors
+    m.set_initializer("two", np.float32(4.0))
+    m.graph.initializers["writable"].const_value.numpy()[0, 0] = 7.0
+    message, buffers = sender.encode(m)
+    assert sorted(d[2] for d in message[1]) == ["two", "writable"]
+    second = receiver.decode(message, _bytes(buffers))
+    _same_version(m, second)
+    kept = [n for n in m.graph.initializers if n not in ("two", "writable")]
+    assert all(second.graph.initializers[n].const_value is first.graph.initializers[n].const_value for n in kept)
+    assert second.get_initializer("writable")[0, 0] == 7.0
+    # a tensor attribute is rebuilt each time, but equal contents keep one object (fingerprints go by identity)
+    assert second.ir.graph.node("c0").attributes["value"].value is first.ir.graph.node("c0").attributes["value"].value
+    # the writable one unchanged: not sent again
+    message, _ = sender.encode(m)
+    assert message[1] == []
+
+
+def _echo(request, buffers):
+    kind = request[0]
+    if kind == "fail":
+        raise ValueError("bad request")
+    if kind == "unpicklable":
+        class Local(Exception):
+            pass
+        raise Local("cannot travel")
+    if kind == "die":
+        os._exit(3)
+    if kind == "log":
+        logging.getLogger("finnlite.test_worker").warning("from the worker: %s", request[1])
+    return ("ok", request, [int(b.sum()) for b in buffers])
+
+
+def test_the_worker_answers_in_order_and_carries_errors_back(caplog: pytest.LogCaptureFixture) -> None:
+    w = Worker(_echo)
+    data = np.arange(10, dtype=np.uint8)
+    w.send(("a",), [memoryview(data)])
+    w.send(("fail",))
+    w.send(("unpicklable",))
+    with caplog.at_level(logging.WARNING, logger="finnlite.test_worker"):
+        w.send(("log", 42))
+        replies = w.replies(block=True)
+        for _, logs in replies:
+            from verify.worker import replay_logs
+            replay_logs(logs)
+    assert replies[0][0] == ("ok", ("a",), [45])
+    kind, exc = replies[1][0]
+    assert kind == "error" and isinstance(exc, ValueError) and "bad request" in str(exc)
+    kind, exc = replies[2][0]
+    assert kind == "error" and isinstance(exc, RemoteError) and "cannot travel" in str(exc)
+    assert "from the worker: 42" in caplog.text
+    assert isinstance(w.stop(), int)
+    with pytest.raises(RemoteError, match="stopped"):
+        w.send(("a",))
+
+
+def test_a_dead_worker_is_reported_not_waited_for() -> None:
+    w = Worker(_echo)
+    w.send(("die",))
+    with pytest.raises(RemoteError, match="died .*exit status 3"):
+        w.replies(block=True)
+
+
+def test_a_dropped_worker_is_killed() -> None:
+    w = Worker(_echo)
+    pid = w.pid
+    del w
+    gc.collect()
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    pytest.fail(f"the worker {pid} outlived its owner")
+
+
+# -- the hook with a worker process ----------------------------------------------------------------------------------
+def test_without_a_worker_process_the_checks_run_on_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import verify.hook
+
+    monkeypatch.setattr(verify.hook, "process_supported", lambda: False)
+    model = add_relu()
+    hook = VerificationHook(ReferenceData.random(model, n=2))
+    assert not hook.in_process
+    from tests.verify.test_hook import CommuteAdd
+    PassManager([Stage("s", [CommuteAdd])], [hook]).run(model)
+    assert hook.verifier is not None and len(hook.records) == 1
+
+
+def test_the_worker_process_checks_and_reports_its_memory() -> None:
+    from tests.verify.test_hook import CommuteAdd, RenameNodes
+
+    model = add_relu()
+    hook = VerificationHook(ReferenceData.random(model, n=2), background="process")
+    PassManager([Stage("s", [CommuteAdd, RenameNodes])], [hook]).run(model)
+    assert hook.in_process and hook.verifier is None  # the cache is in the worker
+    assert [r.label for r in hook.records] == ["pass 'CommuteAdd'", "pass 'RenameNodes'"]
+    hook.close()
+    assert isinstance(hook.worker_memory, int) and hook.worker_memory >= 0
+
+
+def test_a_stage_whose_passes_cannot_travel_still_fails_naming_the_stage(caplog: pytest.LogCaptureFixture) -> None:
+    from tests.verify.test_wrong_rewrites import AddSelf
+
+    class Local(Transformation):  # defined here: it does not pickle
+        def apply(self, model):
+            return False
+
+    model = add_relu()
+    hook = VerificationHook(ReferenceData.random(model, n=2), background="process", granularity="stage")
+    with caplog.at_level(logging.WARNING), pytest.raises(PassVerificationError, match=r"stage 'bad'") as info:
+        PassManager([Stage("bad", [Local, AddSelf])], [hook]).run(model)
+    assert info.value.pass_name == "bad"
+    assert "cannot be sent to the verification worker" in caplog.text
+    hook.close()
+
+
+def test_an_interrupt_ends_the_worker_at_once() -> None:
+    from tests.verify.test_hook import CommuteAdd
+
+    class Interrupt(Transformation):
+        def apply(self, model):
+            raise KeyboardInterrupt
+
+    model = add_relu()
+    hook = VerificationHook(ReferenceData.random(model, n=2), background="process")
+    with pytest.raises(KeyboardInterrupt):
+        PassManager([Stage("s", [CommuteAdd, Interrupt])], [hook]).run(model)
+    assert hook._worker is None
