@@ -209,7 +209,8 @@ def verification_overhead() -> None:
     freeze_imports()  # as the command does before loading a model
     modes = ["process", "thread"] if process_supported() else ["thread"]
     print("== per-pass verification: the pipeline with it against without it (medians of 5 rounds; target < 2x);")
-    print(f"   checks in a worker {' and, for comparison, on a thread' if len(modes) > 1 else 'thread'}")
+    print("   checks in a worker process and, for comparison, on a thread" if len(modes) > 1 else
+          "   checks on a thread (no worker process here)")
     print(f"  {'model':<18} {'checks':>6} {'mode':>7} {'pipeline s':>10} {'verified s':>10} {'ratio':>6}  rounds")
     for name, entry in json.loads((ZOO / "manifest.json").read_text()).items():
         lo, hi = entry["input_range"]
