@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import onnx
@@ -218,18 +218,23 @@ def _check_target(path: Path) -> Path:
     return folder
 
 
-def to_proto_without(model: ir.Model, names: Iterable[str], *, node_metadata: bool = True) -> onnx.ModelProto:
+def to_proto_without(model: ir.Model, names: Iterable[str], *, node_metadata: bool = True,
+                     stand_ins: Mapping[str, str] | None = None) -> onnx.ModelProto:
     """``to_proto(model)`` without the main graph's initializers ``names``: they are serialized as data-less
     stand-ins and dropped, so their data is neither copied nor serialized (the model is left as it was). With
     ``node_metadata=False`` the main graph's nodes are serialized without their ``metadata_props`` (for an
-    executor, which never reads them: a streamlined MobileNet-v1 carries 3 MB of exact thresholds there)."""
-    values = [v for name in names if (v := model.graph.initializers.get(name)) is not None
+    executor, which never reads them: a streamlined MobileNet-v1 carries 3 MB of exact thresholds there).
+    ``stand_ins``: {initializer name: location} for initializers kept in the proto as data-less external tensors
+    naming that location (for a reader that holds their data under those names)."""
+    stand_ins = stand_ins or {}
+    values = [v for name in dict.fromkeys([*names, *stand_ins]) if (v := model.graph.initializers.get(name)) is not None
               and v.const_value is not None]
     tensors = [v.const_value for v in values]
     held = [] if node_metadata else [(n, dict(n.metadata_props)) for n in model.graph if n.metadata_props]
     try:
         for v, t in zip(values, tensors):
-            v.const_value = ir.ExternalTensor("finnlite-stand-in", 0, 0, t.dtype, shape=t.shape, name=v.name)
+            location = stand_ins.get(v.name, "finnlite-stand-in")
+            v.const_value = ir.ExternalTensor(location, 0, 0, t.dtype, shape=t.shape, name=v.name)
         for n, _ in held:
             n.metadata_props.clear()
         proto = to_proto(model)
@@ -238,7 +243,7 @@ def to_proto_without(model: ir.Model, names: Iterable[str], *, node_metadata: bo
             v.const_value = t
         for n, props in held:
             n.metadata_props.update(props)
-    dropped = {v.name for v in values}
+    dropped = {v.name for v in values if v.name not in stand_ins}
     kept = [t for t in proto.graph.initializer if t.name not in dropped]
     del proto.graph.initializer[:]
     proto.graph.initializer.extend(kept)

@@ -16,13 +16,15 @@ the inference cost read the values and column sums from the kernel, the verifier
 from __future__ import annotations
 
 import functools
+import pickle
 import sys
+import zlib
 from typing import Any, BinaryIO
 
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["DepthwiseWeight", "depthwise_matrix", "freeze", "is_frozen", "is_immutable"]
+__all__ = ["DepthwiseWeight", "content_crc", "depthwise_matrix", "freeze", "is_frozen", "is_immutable"]
 
 
 def freeze(array: np.ndarray) -> np.ndarray:
@@ -121,6 +123,15 @@ class DepthwiseWeight(ir.LazyTensor):
     def __repr__(self) -> str:
         c, kh, kw = self.kernel.shape
         return f"{self._repr_base()}(depthwise kernel [{c}, {kh}, {kw}], name={self.name!r})"
+
+
+def content_crc(array: np.ndarray) -> int:
+    """crc32 of an array's contents (its bytes in C order; its pickle for an object array): how an edit in place
+    of a tensor that is not immutable (:func:`is_immutable`) is seen."""
+    array = np.asarray(array)
+    if array.dtype.hasobject:
+        return zlib.crc32(pickle.dumps(array))
+    return zlib.crc32(memoryview(np.ascontiguousarray(array)).cast("B"))
 
 
 def is_immutable(tensor: Any) -> bool:

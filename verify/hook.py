@@ -28,7 +28,6 @@ import re
 import tempfile
 import threading
 import time
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ import onnx_ir as ir
 from custom_ops.plan import release_memory
 from finnlite.errors import VerificationError
 from finnlite.model import Model, freeze
-from finnlite.tensors import is_immutable
+from finnlite.tensors import content_crc, is_immutable
 from verify.clone import clone_model
 from verify.policies import DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, resolve_policy
 from verify.reference import ReferenceData
@@ -196,8 +195,11 @@ class VerificationHook:
 
     @property
     def in_process(self) -> bool:
-        """True if the checks run in a worker process (``background`` True or ``"process"``, where supported)."""
-        return self.background == "process" or (self.background is True and process_supported())
+        """True if the checks run in a worker process: ``background="process"`` where processes can fork, or
+        ``True`` where a worker is supported (:func:`verify.worker.process_supported`)."""
+        if self.background == "process":
+            return hasattr(os, "fork")
+        return self.background is True and process_supported()
 
     # -- state -------------------------------------------------------------------------------------------------
     @property
@@ -224,10 +226,10 @@ class VerificationHook:
         if self.reference is None:
             self.reference = ReferenceData.random(model, n=max(self.samples or 0, 8))
         self._structure = structure_key(model)
-        first = self._private_copy(model)
         if self.in_process:
+            # the worker takes ``model`` as it is when forked: later edits here are not its (copy on write)
             self._sender = VersionSender()
-            self._child = (first, self._sender.register(first))
+            self._child = (model, self._sender.register(model))
             try:
                 self._worker = Worker(self._serve)
             except OSError as exc:  # no fork possible now (process or memory limits): a thread does the checks
@@ -237,7 +239,7 @@ class VerificationHook:
             if self._worker is not None:
                 self._worker.send(("start",))
                 return
-        self._run(self._start, first)
+        self._run(self._start, self._private_copy(model))
 
     def _start(self, version: Model) -> None:
         t0 = time.perf_counter()
@@ -417,7 +419,7 @@ class VerificationHook:
             if t is None or is_immutable(t):
                 continue
             arr = t.numpy()
-            crc = zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
+            crc = content_crc(arr)
             known = self._copies.get(id(t))
             if known is None or known[0] is not t or known[1] != crc:
                 known = (t, crc, ir.tensor(freeze(np.array(arr)), name=t.name))

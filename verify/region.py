@@ -15,7 +15,6 @@ feeding cached values in place of computed ones (teacher forcing); :func:`descen
 from __future__ import annotations
 
 import hashlib
-import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -28,7 +27,7 @@ from onnx import helper, numpy_helper
 from custom_ops.plan import FEED_ELEMENTS
 from finnlite.compat import IR_VERSION
 from finnlite.model import Model
-from finnlite.tensors import DepthwiseWeight, is_immutable
+from finnlite.tensors import DepthwiseWeight, content_crc, is_immutable
 from verify.cache import Recompute, SampleValues
 from verify.clone import clone_model
 
@@ -90,8 +89,8 @@ class Fingerprints:
             fp = (str(tensor.dtype), tuple(tensor.shape), "object", key)
             self._cache[key] = (tensor, fp)
             return fp
-        data = memoryview(np.ascontiguousarray(tensor.numpy())).cast("B")
-        fp = (str(tensor.dtype), tuple(tensor.shape), zlib.crc32(data), len(data))
+        arr = np.asarray(tensor.numpy())
+        fp = (str(tensor.dtype), tuple(tensor.shape), content_crc(arr), arr.nbytes)
         self._volatile[key] = (tensor, fp)
         return fp
 

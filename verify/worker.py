@@ -6,9 +6,10 @@ passes took 0.51 s of CPU and the checks 0.41 s, and the run with the checks on 
 than the sum. A forked child has its own interpreter and runs on the second core.
 
 How versions travel: the child is forked when verification starts, so it inherits the reference values and the
-first version without copying them. Each later version is sent as its graph serialized without initializer data
-(:meth:`VersionSender.encode`: every initializer becomes a data-less stand-in naming a *key*), followed by the
-bytes of the initializers the child has not seen. An initializer finnlite cannot change in place
+first version without copying them. Each later version is sent as its graph in plain tables (values, nodes,
+attributes, annotations; an ONNX proto for what the tables cannot carry) in which every initializer is a *key*
+(:meth:`VersionSender.encode`), followed by the bytes of the initializers the child has not seen. An initializer
+finnlite cannot change in place
 (:func:`finnlite.tensors.is_immutable`) is recognized by identity and sent once; a writable one is sent again when
 its bytes (crc32) change. The child (:class:`VersionReceiver`) puts the same tensor object behind the same key in
 every version, so the verifier fingerprints it by identity as it does in-process; tensor-valued attributes are
@@ -18,7 +19,7 @@ sender never waits for a check to finish.
 :class:`Worker` forks, carries requests to the child and replies back, in order, and stops or kills it. The child
 never returns into the caller's code: it leaves with ``os._exit`` (no exit handlers, no flushing of inherited
 buffers), when asked, when the parent closes the pipe, or when it dies. It writes nothing to the terminal: log
-records are sent back with the replies (:func:`captured_logs`) and the parent logs them.
+records are sent back with the replies and the parent logs them (:func:`replay_logs`).
 """
 
 from __future__ import annotations
@@ -37,16 +38,15 @@ import sys
 import threading
 import traceback
 import weakref
-import zlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
-from finnlite.io import to_proto
+from finnlite.io import to_proto_without
 from finnlite.model import Model, freeze
-from finnlite.tensors import DepthwiseWeight, is_immutable
+from finnlite.tensors import DepthwiseWeight, content_crc, is_immutable
 
 __all__ = ["process_supported", "VersionSender", "VersionReceiver", "Worker", "RemoteError"]
 
@@ -85,7 +85,7 @@ class VersionSender:
         self._next = 0
         #: id(tensor) -> (tensor, key): the tensors of the last version encoded (held, so no id is reused)
         self._known: dict[int, tuple[Any, int]] = {}
-        #: id(writable tensor) -> (tensor, crc32, key): the frozen copy sent for it, by its bytes
+        #: id(writable tensor) -> (tensor, content_crc, key): the copy sent for it, while its contents stay
         self._writable: dict[int, tuple[Any, int, int]] = {}
 
     def register(self, model: Model) -> dict[int, Any]:
@@ -93,7 +93,7 @@ class VersionSender:
         sent); returns {key: tensor} for the child's :class:`VersionReceiver`."""
         store = {}
         known: dict[int, tuple[Any, int]] = {}
-        writable: dict[int, tuple[Any, int | None, int]] = {}
+        writable: dict[int, tuple[Any, int, int]] = {}
         for value in model.graph.initializers.values():
             t = value.const_value
             if t is None:
@@ -104,7 +104,7 @@ class VersionSender:
                     hit = known[id(t)] = (t, self._new_key())
                 store[hit[1]] = t
             elif id(t) not in writable:
-                writable[id(t)] = (t, _crc(np.asarray(t.numpy())), self._new_key())
+                writable[id(t)] = (t, content_crc(t.numpy()), self._new_key())
                 store[writable[id(t)][2]] = t
         self._known, self._writable = known, writable
         return store
@@ -113,9 +113,9 @@ class VersionSender:
         self._next += 1
         return self._next
 
-    def encode(self, model: Model) -> tuple[tuple[bytes, list[tuple]], list[memoryview]]:
-        """``model`` as (graph bytes with stand-ins, the new tensors' descriptions) and the new tensors' buffers.
-        The model is left as it was."""
+    def encode(self, model: Model) -> tuple[tuple[tuple[str, bytes], list[tuple]], list[memoryview]]:
+        """``model`` as ((its graph with keys for initializers: :func:`_graph_message`), the new tensors'
+        descriptions) and the new tensors' buffers. The model is left as it was."""
         known: dict[int, tuple[Any, int]] = {}
         writable: dict[int, tuple[Any, int, int]] = {}
         new: list[tuple] = []
@@ -140,10 +140,10 @@ class VersionSender:
             known[id(t)] = (t, key)
             new.append(_describe(key, t, name, buffers))
             return key
-        arr = np.asarray(t.numpy())  # writable: by identity and bytes
-        crc = _crc(arr)
+        arr = np.asarray(t.numpy())  # writable: by identity and contents
+        crc = content_crc(arr)
         old = writable.get(id(t)) or self._writable.get(id(t))
-        if old is not None and old[0] is t and old[1] == crc and crc is not None:
+        if old is not None and old[0] is t and old[1] == crc:
             writable[id(t)] = old
             return old[2]
         key = self._new_key()
@@ -151,11 +151,6 @@ class VersionSender:
         # a copy: the bytes leave later, and the array may change meanwhile
         new.append(_describe(key, t, name, buffers, np.array(arr)))
         return key
-
-
-def _crc(arr: np.ndarray) -> int | None:
-    """crc32 of an array's bytes (None for an object array: never taken as unchanged)."""
-    return None if arr.dtype.hasobject else zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
 
 
 def _describe(key: int, t: Any, name: str, buffers: list[memoryview], arr: np.ndarray | None = None) -> tuple:
@@ -167,7 +162,7 @@ def _describe(key: int, t: Any, name: str, buffers: list[memoryview], arr: np.nd
         buffers.append(memoryview(kernel).cast("B"))
         return (key, "depthwise", name, kernel.dtype, kernel.shape, None)
     arr = np.asarray(t.numpy()) if arr is None else arr
-    if arr.dtype == object or arr.dtype.hasobject:
+    if arr.dtype.hasobject:
         return (key, "pickle", name, t.dtype, arr.shape, pickle.dumps(arr))
     shape = arr.shape  # (np.ascontiguousarray makes a 0-d array 1-d)
     arr = np.ascontiguousarray(arr)
@@ -198,9 +193,9 @@ def _dims(shape: ir.Shape | None) -> tuple | None:
 
 
 def _compact(src: ir.Model, keys: dict[str, int]) -> tuple:
-    """The model as tables of plain values (what :func:`verify.clone.clone_model` copies; nodes without their
-    ``metadata_props``, as in :func:`_graph_bytes`): serializing a proto costs 4 ms for resnet18 and parsing it
-    back 5 ms, these tables under 1 ms each way."""
+    """The model as tables of plain values (what :func:`verify.clone.clone_model` copies, but the nodes'
+    ``metadata_props``: the checks never read them, and a streamlined MobileNet-v1 carries 3 MB of exact thresholds
+    there): serializing a proto costs 4 ms for resnet18 and parsing it back 5 ms, these tables about 1 ms and 2 ms."""
     graph = src.graph
     index: dict[ir.Value, int] = {}
     values: list[tuple] = []
@@ -263,26 +258,10 @@ def _rebuild(tables: tuple, tensor: Callable[[int], Any]) -> Model:
 
 
 def _graph_bytes(model: Model, keys: dict[str, int]) -> bytes:
-    """The serialized model with each initializer in ``keys`` replaced by a data-less stand-in naming its key, and
-    without the nodes' ``metadata_props`` (the checks never read them; a streamlined MobileNet-v1 carries 3 MB of
-    exact thresholds there, which would travel with every version)."""
-    graph = model.graph
-    held = []
-    props = [(n, dict(n.metadata_props)) for n in graph if n.metadata_props]
-    try:
-        for name, key in keys.items():
-            v = graph.initializers[name]
-            t = v.const_value
-            held.append((v, t))
-            v.const_value = ir.ExternalTensor(f"{_STAND_IN}{key}", 0, 0, t.dtype, shape=t.shape, name=name)
-        for n, _ in props:
-            n.metadata_props.clear()
-        return to_proto(model.ir).SerializeToString()
-    finally:
-        for v, t in held:
-            v.const_value = t
-        for n, kept in props:
-            n.metadata_props.update(kept)
+    """The serialized model with each initializer in ``keys`` a data-less stand-in naming its key, and without the
+    nodes' ``metadata_props`` (as in :func:`_compact`)."""
+    stand_ins = {name: f"{_STAND_IN}{key}" for name, key in keys.items()}
+    return to_proto_without(model.ir, [], node_metadata=False, stand_ins=stand_ins).SerializeToString()
 
 
 class VersionReceiver:
@@ -292,7 +271,7 @@ class VersionReceiver:
         self._store = dict(store)
         self._attrs: dict[tuple, Any] = {}
 
-    def decode(self, message: tuple[bytes, list[tuple]], buffers: list[np.ndarray]) -> Model:
+    def decode(self, message: tuple[tuple[str, bytes], list[tuple]], buffers: list[np.ndarray]) -> Model:
         """The version ``message`` describes; ``buffers``: the bytes of its new tensors (uint8 arrays, taken
         over: they become the tensors' read-only data)."""
         data, new = message

@@ -210,3 +210,29 @@ def test_an_interrupt_ends_the_worker_at_once() -> None:
     with pytest.raises(KeyboardInterrupt):
         PassManager([Stage("s", [CommuteAdd, Interrupt])], [hook]).run(model)
     assert hook._worker is None
+
+
+def test_a_graph_with_a_subgraph_travels_as_a_proto() -> None:
+    from onnx import TensorProto, helper
+
+    from finnlite.compat import make_model
+
+    def branch(name: str, value: float):
+        out = helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [2])
+        node = helper.make_node("Constant", [], [f"{name}_y"], value=numpy_helper.from_array(np.float32([value] * 2)))
+        return helper.make_graph([node], name, [], [out])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], name="if0", then_branch=branch("then", 1.0),
+                          else_branch=branch("else", 2.0))],
+        "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")])
+    m = Model(make_model(graph, opset=13, custom_opset=None))
+    sender = VersionSender()
+    receiver = VersionReceiver(sender.register(m))
+    message, buffers = sender.encode(m)
+    assert message[0][0] == "proto" and buffers == []
+    got = receiver.decode(message, [])
+    assert got.graph.initializers["w"].const_value is m.graph.initializers["w"].const_value
+    _same_version(m, got)
