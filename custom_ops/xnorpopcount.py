@@ -5,8 +5,11 @@ bipolar -1/+1). Each output element counts the positions where the two operands 
 
     y[..., n] = #{k : a[..., k] == w[k, n]} = ((2a - 1) @ (2w - 1) + K) / 2
 
-computed with that matmul, in qonnx's operation order (bit-identical to qonnx's kernel). Output shape: the
-matmul's, ``(..., N)``. Output datatype, as qonnx infers it: UINT32; both inputs must be BINARY where their
+bit-identical to qonnx's kernel, which computes it in that form. Here it is computed, with the same identity
+expanded, as ``2·(a @ w) − rowsum(a) + (K − colsum(w))``: no bipolar copies of ``a`` (the im2col matrix of a binary
+convolution, the largest tensor of its run) or of ``w``, and no rounding, since every partial sum is an integer of
+magnitude at most 2K. With K over 2^23 (float32 integers stop being exact past 2^24) qonnx's own order is used.
+Output shape: the matmul's, ``(..., N)``. Output datatype, as qonnx infers it: UINT32; both inputs must be BINARY where their
 datatype is known (qonnx asserts this).
 """
 
@@ -19,15 +22,28 @@ import numpy as np
 from custom_ops.base import CustomOp
 from custom_ops.common import Shape, known_int, shape_of
 from custom_ops.registry import register
+from finnlite.blockwise import all_in
 from finnlite.datatypes import BaseDataType, DataType
 
 
+#: above this K, integer partial sums (up to 2K) may round in float32: qonnx's operation order then
+EXACT_K = 1 << 23
+
 def xnorpopcount_matmul(a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The number of agreeing positions of binary ``a`` (..., K) and ``w`` (K, N), see module docstring."""
+    """The number of agreeing positions of binary ``a`` (..., K) and ``w`` (K, N), see module docstring; the
+    dtype is that of qonnx's result (``2.0·a − 1`` matmul ``2.0·w − 1``)."""
     a, w = np.asarray(a), np.asarray(w)
     k = a.shape[-1]
-    product = np.matmul(2.0 * a - 1.0, 2.0 * w - 1.0)
-    return (product + k) * 0.5
+    if k > EXACT_K:
+        return (np.matmul(2.0 * a - 1.0, 2.0 * w - 1.0) + k) * 0.5
+    a_float = (2.0 * a.reshape(-1)[:1]).dtype
+    dtype = np.result_type(a_float, (2.0 * w.reshape(-1)[:1]).dtype)
+    a = a.astype(dtype, copy=False)
+    out = np.matmul(a, w.astype(dtype, copy=False))
+    out *= 2.0
+    out -= a.sum(axis=-1, dtype=dtype)[..., None]
+    out += (k - w.sum(axis=0, dtype=np.float64)).astype(dtype)
+    return out
 
 
 @register
@@ -54,7 +70,7 @@ class XnorPopcountMatMul(CustomOp):
         self.check_num_inputs(len(inputs))
         self._check_shapes(shape_of(inputs[0]), shape_of(inputs[1]))
         for value, which in zip(inputs, ("first", "second")):
-            if value is not None and not np.all((np.asarray(value) == 0) | (np.asarray(value) == 1)):
+            if value is not None and not all_in(value, 0, 1):
                 raise self.fail(f"the {which} input must be binary (values 0 and 1)")
 
     def execute(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
