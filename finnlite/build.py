@@ -29,6 +29,7 @@ import numpy as np
 
 from finnlite.config import DEFAULT_VERIFY_MODE, Config, load_config
 from finnlite.errors import ConfigError, VerificationError
+from finnlite.memory import trim_heap
 from finnlite.model import Model
 from finnlite.passes import PassManager, RunReport
 from finnlite.validate import validate_model
@@ -219,6 +220,8 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
     ops_before = m.op_histogram()
     picture_before = _safe("graph picture", lambda: GraphPicture.of(m)) if extras else None
     cost_before = _safe("inference cost", lambda: inference_cost(m)) if extras else None
+    if extras:
+        trim_heap()  # the quantized weights the cost was counted on, freed: not kept resident through the run
 
     result = VerificationResult(mode)
     reference = None

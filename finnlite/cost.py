@@ -250,6 +250,7 @@ _CACHED_ELEMENTS = 4096
 
 def _evaluate(node: ir.Node, args: list[np.ndarray]) -> np.ndarray | None:
     from custom_ops.bipolar_quant import bipolar_quant
+    from custom_ops.common import by_rows
     from custom_ops.quant import quant_rows
 
     attrs = {k: a.value for k, a in node.attributes.items()}
@@ -258,7 +259,7 @@ def _evaluate(node: ir.Node, args: list[np.ndarray]) -> np.ndarray | None:
         return quant_rows(args[0], args[1], args[2], args[3], bool(attrs.get("signed", 1)),
                           bool(attrs.get("narrow", 0)), str(attrs.get("rounding_mode", "ROUND")))
     if op == "BipolarQuant" and len(args) == 2:
-        return bipolar_quant(args[0], args[1])
+        return by_rows(bipolar_quant, args[0], args[1])  # its temporaries of a block, as quant_rows
     if op == "Transpose":
         perm = attrs.get("perm")
         return np.transpose(args[0], list(perm) if perm is not None else None)

@@ -70,6 +70,9 @@ class Model:
         #: when the graph lets go of it, not at the next rebuild of the index
         self._values: dict[str, weakref.ref[ir.Value] | None] = {}
         self._name_counter = itertools.count()
+        #: bytes of the arrays set as initializers so far (set_initializer): a pass that writes many new weights
+        #: has usually freed the old ones, which the pass manager then gives back (finnlite.memory)
+        self.initializer_bytes_set = 0
         self._remove_initializer_inputs()
         self._reindex()
         if check:
@@ -301,6 +304,7 @@ class Model:
         else:
             array = freeze(np.asarray(array))
             tensor, shape, dtype = ir.tensor(array, name=name), list(array.shape), _np_dtype_to_ir(array.dtype)
+            self.initializer_bytes_set += array.nbytes
         v = self.graph.initializers.get(name)
         if v is None:
             reserved = name in self._values and self._values[name] is None

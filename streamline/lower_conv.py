@@ -41,7 +41,7 @@ def conv_weight_matrix(w: np.ndarray, group: int) -> np.ndarray:
     see an input channel); for a depthwise convolution that is the block-sparse matrix FINN's VVAU expects."""
     cout, cin_g, kh, kw = w.shape
     if group == 1:
-        return np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(cout, kh * kw * cin_g).T)
+        return np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(kh * kw * cin_g, cout)  # one copy
     # written straight into the [kh, kw, Cin, Cout] layout: no dense [Cout, Cin, kh, kw] copy to transpose (the
     # 1024-channel depthwise layer of MobileNet-v1 is 37.7 MB dense)
     og, cin = cout // group, cin_g * group

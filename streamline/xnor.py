@@ -9,6 +9,7 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.registry import QONNX_DOMAIN
+from finnlite.blockwise import all_in
 from finnlite.datatypes import DataType, smallest_int_type
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
@@ -65,10 +66,10 @@ class ConvertBipolarMatMulToXnorPopcount(Rule):
             return None
         x = node.inputs[0]
         compact = node.inputs[1].const_value if node.inputs[1] is not None else None
-        if isinstance(compact, DepthwiseWeight) and not np.all(np.abs(compact.element_values()) == 1):
+        if isinstance(compact, DepthwiseWeight) and not all_in(compact.element_values(), 1, -1):
             return None  # its zeros are not ±1: no need to make the dense matrix to see it
         w = const_array(node.inputs[1])
-        if w is None or w.ndim != 2 or not np.all(np.abs(w) == 1):
+        if w is None or w.ndim != 2 or not all_in(w, 1, -1):
             return None
         chain: list[ir.Value] = [x]
         prod = x.producer()
@@ -109,7 +110,9 @@ class ConvertBipolarMatMulToXnorPopcount(Rule):
         k = m.weight.shape[0]
         node, y = m.matmul, m.matmul.outputs[0]
         name = node.name or "MatMul"
-        w_bin = add_const(model, ((m.weight + 1) / 2).astype(np.float32), f"{name}_Wbin", "BINARY")
+        w_bin = np.add(m.weight, 1, dtype=np.float32)  # (W + 1)/2, made in the one array the model keeps
+        w_bin *= 0.5
+        w_bin = add_const(model, w_bin, f"{name}_Wbin", "BINARY")
         p = model.make_value_like(y, f"{name}_popcount")
         annotate(p, smallest_int_type(0, k))
         xnor = ir.Node(QONNX_DOMAIN, "XnorPopcountMatMul", [node.inputs[0], w_bin], outputs=[p], name=name)

@@ -8,7 +8,7 @@ import weakref
 import numpy as np
 from onnx import TensorProto, helper
 
-from finnlite import Model
+from finnlite import Model, PassManager, Stage, Transformation
 from tests.core.fixtures import chain_model
 
 
@@ -239,3 +239,40 @@ def test_the_name_index_keeps_no_removed_node_alive():
     assert gone_node() is None and gone_weight() is None
     assert model.value("t1") is None and model.value("c1") is None and model.value("t2") is not None
     assert "t1" not in model.get_all_tensor_names() and model.make_new_valueinfo_name("t1") != "t1"
+
+
+class _Reweigh(Transformation):
+    """Replaces the initializer ``w`` by a fresh array of ``size`` float32 elements (as a pass replacing a
+    weight does) and notes that it ran in ``log``."""
+
+    def __init__(self, size: int, log: list[str]) -> None:
+        super().__init__()
+        self.size, self.log = size, log
+
+    def apply(self, model: Model) -> bool:
+        model.set_initializer("w", np.zeros(self.size, np.float32))
+        self.log.append("pass")
+        return True
+
+
+def test_heap_is_trimmed_after_passes_that_wrote_a_megabyte_of_weights(monkeypatch):
+    """The pass manager gives freed heap pages back once passes have set TRIM_AFTER_BYTES of new initializers
+    since its last trim of that model (the weights they replaced are free), not after every pass; and at the end
+    of each stage."""
+    import finnlite.passes as passes
+
+    log: list[str] = []
+    monkeypatch.setattr(passes, "trim_heap", lambda: log.append("trim") or True)
+    model = Model(chain_model(2))
+    assert model.initializer_bytes_set == 0
+    quarter = passes.TRIM_AFTER_BYTES // 16  # float32 elements: a quarter of the threshold in bytes
+    manager = PassManager([Stage("s", [_Reweigh(quarter, log) for _ in range(6)])])
+    manager.run(model)
+    assert model.initializer_bytes_set == 6 * quarter * 4
+    assert log == ["pass"] * 4 + ["trim"] + ["pass"] * 2 + ["trim"]  # after the fourth; at the stage's end
+    log.clear()
+    manager.run(model)  # counts on from its last trim of this model: two quarters were left over
+    assert log == ["pass"] * 2 + ["trim"] + ["pass"] * 4 + ["trim"] + ["trim"]
+    log.clear()
+    PassManager([Stage("s", [_Reweigh(1, log)] * 2)]).run(Model(chain_model(2)))  # small weights: stage end only
+    assert log == ["pass", "pass", "trim"]
