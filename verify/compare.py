@@ -133,7 +133,8 @@ def _const(model: Any, value: Any) -> np.ndarray | None:
 
 
 def quant_step(model: Any, name: str, _depth: int = 0) -> np.ndarray | float | None:
-    """The quantization step of tensor ``name`` in ``model``: 1 for an integer-annotated tensor; the scale of a
+    """The quantization step of tensor ``name`` in ``model``: 1 for an integer-annotated tensor (2 for BIPOLAR, whose
+    levels are ±1, as for a BipolarQuant); the scale of a
     Quant/IntQuant/Trunc producing it; twice the scale of a BipolarQuant (levels ±s); ``|out_scale|`` of a
     MultiThreshold; ``|c|·step(x)`` for ``Mul(x, c)`` with a constant ``c``; None when no step is known."""
     if model is None or _depth > 8:
@@ -142,7 +143,7 @@ def quant_step(model: Any, name: str, _depth: int = 0) -> np.ndarray | float | N
     if v is None:
         return None
     if is_integer_tensor(model, name):
-        return 1.0
+        return 2.0 if model.get_tensor_datatype(name).name == "BIPOLAR" else 1.0
     node = v.producer()
     if node is None:
         return None

@@ -146,13 +146,17 @@ def margin_at(node: Any, values: Callable[[str], np.ndarray | None], index: tupl
 def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np.ndarray, expected: np.ndarray, *,
                     tensor: str, sample: int, step: np.ndarray | float | None,
                     quantizers: list[tuple[Any, Callable[[str], np.ndarray | None]]], rtol: float,
-                    float64: Callable[[], np.ndarray | None] | None = None) -> tuple[list[NearTie], np.ndarray]:
+                    float64: Callable[[], np.ndarray | None] | None = None,
+                    grid_step: np.ndarray | float | None = None) -> tuple[list[NearTie], np.ndarray]:
     """Sort the differing elements (flat ``diff_indices``) of one tensor into near-ties and real differences.
 
     ``quantizers`` lists (node, value lookup) pairs for the quantizer producing the tensor in each model version
     (after and before the rewrite). ``float64``, if given, returns the float64 reference of the same tensor of the
     original model (or None); it is called only for differences the margins do not explain, and an element agrees
-    with it when it has the same level (within a thousandth of a step). Only quantized tensors (``step`` known) can
+    with it when it has the same level (within a thousandth of a step). ``grid_step``: the step of the levels of
+    ``expected`` (the quantizer producing the tensor before the rewrite), if known; ``float64`` is then not called
+    when one of those differences is not a whole number of these steps (no level of the original is then the
+    same): the unexplained differences are all returned as real. Only quantized tensors (``step`` known) can
     have near-ties. Returns the near-ties and the flat indices of the real differences."""
     if diff_indices.size == 0:
         return [], diff_indices
@@ -176,6 +180,23 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
     unexplained = np.ones(diff_indices.shape, bool)
     unexplained[list(by_margin)] = False
     by_f64 = np.zeros(diff_indices.shape, bool)
+    if unexplained.any() and float64 is not None:
+        # the original's float64 value is a level of the quantizer behind the cached one (e + k·grid_step), so an
+        # element whose difference is not a whole number of those steps cannot have float64's level: if one such
+        # element is unexplained, the tensor differs, and the original need not run in float64 to say so (that run
+        # costs more than the whole check of a changed encoding, such as the XNOR rewrite's {-1, 1} -> {0, 1})
+        off_grid = np.zeros(diff_indices.shape, bool)
+        if grid_step is not None:
+            try:
+                g = np.broadcast_to(np.abs(np.asarray(grid_step, np.float64)), shape).reshape(-1)[diff_indices]
+            except ValueError:
+                g = None
+            if g is not None:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    k = np.where(g > 0, (a - e) / g, 0.0)
+                off_grid = (g > 0) & ~(np.abs(k - np.rint(k)) <= 1e-3)
+        if (unexplained & off_grid).any():
+            return [], diff_indices[unexplained]
     if unexplained.any() and float64 is not None:
         ref = float64()
         if ref is not None and np.shape(ref) == tuple(shape):

@@ -412,7 +412,7 @@ class Verifier:
             quantizers.append((before_node, _lookup(old, None, before)))
         ties, real = split_near_ties(diff.bad, diff.shape, actual, old[name], tensor=name, sample=s, step=step,
                                      quantizers=quantizers, rtol=self.near_tie_rtol,
-                                     float64=self._float64(s, name))
+                                     float64=self._float64(s, name), grid_step=quant_step(before, name))
         diff.bad = real
         return diff, ties
 

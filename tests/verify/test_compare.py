@@ -60,3 +60,38 @@ def test_quantization_steps() -> None:
     assert quant_step(model, "m") == 0.5
     np.testing.assert_allclose(quant_step(model, "y"), [1.0, 1.5, 0.5, 0.5])
     assert float(quant_step(model, "b")) == 1.0
+
+
+def test_bipolar_annotated_tensor_has_step_two() -> None:
+    """Levels ±1: one level apart is 2, as for a BipolarQuant of scale 1 (a flip is one step, not two)."""
+    model = int_multithreshold()
+    model.set_tensor_datatype("out", "BIPOLAR")
+    assert quant_step(model, "out") == 2.0
+
+
+def test_float64_reference_is_consulted_only_where_it_could_explain() -> None:
+    """split_near_ties asks the original's float64 run only when every unexplained difference is a whole number
+    of the cached value's steps (its grid, grid_step): float64's value is one of those levels, so an element off
+    that grid differs whatever it says. The verdict is the same either way."""
+    from verify.ties import split_near_ties
+
+    calls = []
+
+    def float64_of(values):
+        return lambda: calls.append(1) or values
+
+    expected = np.array([-1.0, 1.0, 1.0, -1.0])
+    encoded = np.array([0.0, 1.0, 1.0, 0.0])  # the same signs as {0, 1}: no level of a {-1, 1} tensor
+    diff = np.array([0, 3])
+    args = dict(tensor="t", sample=0, step=1.0, quantizers=[], rtol=1e-5)
+    ties, real = split_near_ties(diff, (4,), encoded, expected, float64=float64_of(encoded), grid_step=2.0, **args)
+    assert ties == [] and real.tolist() == [0, 3] and calls == []
+    # without the grid, float64 runs (and here, fed values that agree, would excuse the elements)
+    ties, real = split_near_ties(diff, (4,), encoded, expected, float64=float64_of(encoded), **args)
+    assert calls == [1] and real.size == 0 and len(ties) == 2
+    # a whole step away (a real flip of a level): float64 decides
+    flipped = np.array([1.0, 1.0, 1.0, 1.0])
+    ties, real = split_near_ties(diff, (4,), flipped, expected, float64=float64_of(expected), grid_step=2.0, **args)
+    assert calls == [1, 1] and real.tolist() == [0, 3] and ties == []
+    ties, real = split_near_ties(diff, (4,), flipped, expected, float64=float64_of(flipped), grid_step=2.0, **args)
+    assert calls == [1, 1, 1] and real.size == 0 and [t.evidence for t in ties] == ["float64", "float64"]
