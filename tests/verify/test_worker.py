@@ -236,3 +236,29 @@ def test_a_graph_with_a_subgraph_travels_as_a_proto() -> None:
     got = receiver.decode(message, [])
     assert got.graph.initializers["w"].const_value is m.graph.initializers["w"].const_value
     _same_version(m, got)
+
+
+def test_the_check_libraries_are_imported_before_the_worker_is_forked():
+    """A worker forked from a process that has not run the executor would import onnxruntime and the executor at
+    each start (about 60 ms per pipeline run): the hook imports them in the parent first. Run in a fresh
+    interpreter, where nothing has imported them yet."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import sys\n"
+        "from tests.verify.graphs import add_relu\n"
+        "from verify import ReferenceData, VerificationHook\n"
+        "model = add_relu()\n"
+        "before = 'onnxruntime' in sys.modules or 'custom_ops.executor' in sys.modules\n"
+        "hook = VerificationHook(ReferenceData.random(model, n=2), background='process')\n"
+        "hook.start(model)\n"
+        "after = 'onnxruntime' in sys.modules and 'custom_ops.executor' in sys.modules\n"
+        "forked = not hook.in_process or hook._worker is not None\n"
+        "hook.close()\n"
+        "print(before, after, forked)\n")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "True"]
