@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 
 from custom_ops.lowering import Lowering, LoweringContext, _Emitter
+from finnlite.blockwise import all_integral
 from finnlite.tensors import DepthwiseWeight
 
 #: integers of magnitude below this are exact in float32, and so is every sum of them that stays below it
@@ -83,22 +84,14 @@ def _integer_const(value: np.ndarray) -> Range | None:
     return _MEMO.get(value, ("integer",), lambda: _integer_range(value))
 
 
-#: integer tests run over blocks of this many elements: no temporary as large as a lowered weight (page faults)
-_BLOCK = 1 << 20
-
-
 def _integer_range(value: np.ndarray) -> Range | None:
+    """The (min, max) of a float constant whose elements are all integers below EXACT_LIMIT in magnitude, else
+    None; the integer test runs block by block (finnlite.blockwise: no temporary as large as the weight)."""
     if value.dtype.kind != "f" or value.size == 0:
         return None
-    flat = value.reshape(-1)
-    lo, hi = np.inf, -np.inf
-    for start in range(0, flat.size, _BLOCK):
-        block = flat[start:start + _BLOCK]
-        lo, hi = min(lo, float(block.min())), max(hi, float(block.max()))
-        if not (np.isfinite(lo) and np.isfinite(hi)) or max(-lo, hi) >= EXACT_LIMIT:
-            return None
-        if not np.array_equal(block, np.rint(block)):
-            return None
+    lo, hi = float(value.min()), float(value.max())
+    if not (np.isfinite(lo) and np.isfinite(hi)) or max(-lo, hi) >= EXACT_LIMIT or not all_integral(value):
+        return None
     return (lo, hi)
 
 

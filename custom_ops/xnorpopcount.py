@@ -9,8 +9,8 @@ bit-identical to qonnx's kernel, which computes it in that form. Here it is comp
 expanded, as ``2·(a @ w) − rowsum(a) + (K − colsum(w))``: no bipolar copies of ``a`` (the im2col matrix of a binary
 convolution, the largest tensor of its run) or of ``w``, and no rounding, since every partial sum is an integer of
 magnitude at most 2K. With K over 2^23 (float32 integers stop being exact past 2^24) qonnx's own order is used.
-Output shape: the matmul's, ``(..., N)``. Output datatype, as qonnx infers it: UINT32; both inputs must be BINARY where their
-datatype is known (qonnx asserts this).
+Output shape: the matmul's, ``(..., N)``. Output datatype, as qonnx infers it: UINT32; both inputs must be BINARY
+where their datatype is known (qonnx asserts this).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from finnlite.datatypes import BaseDataType, DataType
 #: above this K, integer partial sums (up to 2K) may round in float32: qonnx's operation order then
 EXACT_K = 1 << 23
 
+
 def xnorpopcount_matmul(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     """The number of agreeing positions of binary ``a`` (..., K) and ``w`` (K, N), see module docstring; the
     dtype is that of qonnx's result (``2.0·a − 1`` matmul ``2.0·w − 1``)."""
@@ -36,8 +37,7 @@ def xnorpopcount_matmul(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     k = a.shape[-1]
     if k > EXACT_K:
         return (np.matmul(2.0 * a - 1.0, 2.0 * w - 1.0) + k) * 0.5
-    a_float = (2.0 * a.reshape(-1)[:1]).dtype
-    dtype = np.result_type(a_float, (2.0 * w.reshape(-1)[:1]).dtype)
+    dtype = np.result_type((2.0 * a.reshape(-1)[:1]).dtype, (2.0 * w.reshape(-1)[:1]).dtype)  # qonnx's
     a = a.astype(dtype, copy=False)
     out = np.matmul(a, w.astype(dtype, copy=False))
     out *= 2.0

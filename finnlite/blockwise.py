@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["BLOCK", "all_blocks", "all_in"]
+__all__ = ["BLOCK", "all_blocks", "all_in", "all_integral"]
 
 #: elements per block (256 KB of float32): large enough that the per-block overhead is negligible
 BLOCK = 1 << 16
@@ -35,3 +35,8 @@ def all_in(array: np.ndarray, *values: float) -> bool:
         return bool(hit.all())
 
     return all_blocks(array, test)
+
+
+def all_integral(array: np.ndarray) -> bool:
+    """Whether every element of ``array`` equals its rounding to an integer (infinities do, NaN does not)."""
+    return all_blocks(array, lambda block: np.array_equal(block, np.rint(block)))

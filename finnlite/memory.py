@@ -5,9 +5,9 @@ first such block is freed it raises its threshold (up to 32 MB) and serves later
 pages stay resident until ``malloc_trim``. A streamlining run frees a lot at a few points — the original's folded
 weights and activations after the reference outputs are computed, each weight a pass replaces, the final check's
 executor — and without a trim that memory stays in the peak of everything that follows (the pass manager trims
-after each stage and after passes that wrote a megabyte of new weights: ``finnlite.passes.TRIM_AFTER_BYTES``). Measured on MobileNet-v1
-(``--verify final``): 25-30 MB resident but free after the tidy and convert stages, which a trim returns in about a
-millisecond. :func:`trim_heap` is a no-op where the C library is not glibc.
+after each stage and after passes that wrote a megabyte of new weights: ``finnlite.passes.TRIM_AFTER_BYTES``).
+Measured on MobileNet-v1 (``--verify final``): 25-30 MB resident but free after the tidy and convert stages, which a
+trim returns in about a millisecond. :func:`trim_heap` is a no-op where the C library is not glibc.
 """
 
 from __future__ import annotations

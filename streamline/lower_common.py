@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.registry import QONNX_DOMAIN, is_custom_domain
-from finnlite.blockwise import all_blocks
+from finnlite.blockwise import all_blocks, all_integral
 from finnlite.datatypes import (BaseDataType, DataType, datatype_of_values, is_integer_type, parse_datatype,
                                 smallest_int_type)
 from finnlite.shapes import const_array, infer_node_shapes
@@ -174,7 +174,7 @@ def _all_allowed(dt: BaseDataType, arr: np.ndarray) -> bool:
     """Vectorized ``all(dt.allowed(x) for x in arr)`` for an integer datatype: finite integers within its range
     (and no 0 for BIPOLAR)."""
     lo, hi = float(arr.min()), float(arr.max())
-    if not (dt.min() <= lo and hi <= dt.max()) or not all_blocks(arr, lambda b: np.array_equal(b, np.rint(b))):
+    if not (dt.min() <= lo and hi <= dt.max()) or not all_integral(arr):
         return False
     return dt.name != "BIPOLAR" or all_blocks(arr, lambda b: b.all())
 

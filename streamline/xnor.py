@@ -110,9 +110,9 @@ class ConvertBipolarMatMulToXnorPopcount(Rule):
         k = m.weight.shape[0]
         node, y = m.matmul, m.matmul.outputs[0]
         name = node.name or "MatMul"
-        w_bin = np.add(m.weight, 1, dtype=np.float32)  # (W + 1)/2, made in the one array the model keeps
-        w_bin *= 0.5
-        w_bin = add_const(model, w_bin, f"{name}_Wbin", "BINARY")
+        binary = np.add(m.weight, 1, dtype=np.float32)  # (W + 1)/2, made in the one array the model keeps
+        binary *= 0.5
+        w_bin = add_const(model, binary, f"{name}_Wbin", "BINARY")
         p = model.make_value_like(y, f"{name}_popcount")
         annotate(p, smallest_int_type(0, k))
         xnor = ir.Node(QONNX_DOMAIN, "XnorPopcountMatMul", [node.inputs[0], w_bin], outputs=[p], name=name)

@@ -143,6 +143,18 @@ def margin_at(node: Any, values: Callable[[str], np.ndarray | None], index: tupl
     return Margin(u, b, float(abs(real - Fraction(b))) / max(abs(float(real)), 1.0), exact)
 
 
+def _per_element(step: np.ndarray | float | None, shape: tuple[int, ...], indices: np.ndarray
+                 ) -> np.ndarray | None:
+    """The magnitude of ``step`` (scalar or broadcasting to ``shape``) at the flat ``indices``; None if it is
+    unknown or does not broadcast."""
+    if step is None:
+        return None
+    try:
+        return np.broadcast_to(np.abs(np.asarray(step, np.float64)), shape).reshape(-1)[indices]
+    except ValueError:
+        return None
+
+
 def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np.ndarray, expected: np.ndarray, *,
                     tensor: str, sample: int, step: np.ndarray | float | None,
                     quantizers: list[tuple[Any, Callable[[str], np.ndarray | None]]], rtol: float,
@@ -164,9 +176,8 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
     e = np.asarray(expected, dtype=np.float64).reshape(-1)[diff_indices]
     if step is None:
         return [], diff_indices  # not a quantized tensor: no level to have rounded differently
-    try:
-        st = np.broadcast_to(np.abs(np.asarray(step, np.float64)), shape).reshape(-1)[diff_indices]
-    except ValueError:
+    st = _per_element(step, shape, diff_indices)
+    if st is None:
         return [], diff_indices
     one_step = (st > 0) & (np.abs(np.abs(a - e) - st) <= 1e-5 * st)
     by_margin: dict[int, tuple[Margin, str]] = {}
@@ -185,19 +196,12 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
         # element whose difference is not a whole number of those steps cannot have float64's level: if one such
         # element is unexplained, the tensor differs, and the original need not run in float64 to say so (that run
         # costs more than the whole check of a changed encoding, such as the XNOR rewrite's {-1, 1} -> {0, 1})
-        off_grid = np.zeros(diff_indices.shape, bool)
-        if grid_step is not None:
-            try:
-                g = np.broadcast_to(np.abs(np.asarray(grid_step, np.float64)), shape).reshape(-1)[diff_indices]
-            except ValueError:
-                g = None
-            if g is not None:
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    k = np.where(g > 0, (a - e) / g, 0.0)
-                off_grid = (g > 0) & ~(np.abs(k - np.rint(k)) <= 1e-3)
-        if (unexplained & off_grid).any():
-            return [], diff_indices[unexplained]
-    if unexplained.any() and float64 is not None:
+        g = _per_element(grid_step, shape, diff_indices)
+        if g is not None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                k = np.where(g > 0, (a - e) / g, 0.0)
+            if (unexplained & (g > 0) & ~(np.abs(k - np.rint(k)) <= 1e-3)).any():
+                return [], diff_indices[unexplained]
         ref = float64()
         if ref is not None and np.shape(ref) == tuple(shape):
             f = np.asarray(ref, np.float64).reshape(-1)[diff_indices]

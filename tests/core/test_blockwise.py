@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from finnlite.blockwise import BLOCK, all_blocks, all_in
+from finnlite.blockwise import BLOCK, all_blocks, all_in, all_integral
 
 
 @pytest.mark.parametrize("size", [0, 1, BLOCK - 1, BLOCK, 3 * BLOCK + 5])
@@ -38,3 +38,12 @@ def test_all_blocks_sees_every_block_and_stops_at_the_first_failure():
     seen.clear()
     x[10] = -1
     assert not all_blocks(x, test) and seen == [BLOCK]
+
+
+@pytest.mark.parametrize("bad", [None, 0.5, np.nan])
+def test_all_integral_matches_numpy(bad):
+    x = np.arange(-BLOCK, 2 * BLOCK + 8, dtype=np.float32).reshape(4, -1)
+    x[0, 0] = np.inf  # equals its rounding, as for np.rint
+    if bad is not None:
+        x[3, -1] = bad  # in the last block
+    assert all_integral(x) == bool(np.array_equal(x, np.rint(x)))
