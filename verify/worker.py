@@ -454,10 +454,12 @@ class Worker:
             raise RemoteError("the verification worker was stopped")
         return self._channel
 
-    def _reap(self) -> str:
-        """Close the pipes and wait for the child; how it ended."""
+    def _reap(self, wait: bool = True) -> str:
+        """Close the pipes and wait for the child; how it ended. Without ``wait`` (a child that read the stop request
+        and said it leaves) a daemon thread waits for it: its exit, unmapping the pages it shared, takes 2 to 5 ms
+        that the caller does not wait for, nor for the writer thread's end after its last write."""
         self._finalizer.detach()
-        if self._writer.is_alive():
+        if wait and self._writer.is_alive():  # (without: the child read the stop request, the writer has ended)
             self._outbox.put((None, []))
             self._writer.join()
         if self._channel is not None:
@@ -467,6 +469,9 @@ class Worker:
                 except OSError:
                     pass
             self._channel = None
+        if not wait:
+            threading.Thread(target=_wait_quietly, args=(self.pid,), name="finnlite-verify-reap", daemon=True).start()
+            return "leaving"
         try:
             _, status = os.waitpid(self.pid, 0)
         except ChildProcessError:
@@ -481,8 +486,7 @@ class Worker:
         start, in bytes: the pages it allocated or copied on writing, at their peak), None if unknown."""
         if self._channel is None:
             return None
-        self._outbox.put((None, []))
-        self._writer.join()
+        self._outbox.put((None, []))  # the writer sends it after the queued requests, then ends (joined by _reap)
         growth = None
         try:
             while True:
@@ -492,7 +496,7 @@ class Worker:
                     break
         except (EOFError, OSError):
             pass
-        self._reap()
+        self._reap(wait=growth is None)  # a child that said it leaves is reaped in the background
         return growth
 
     def kill(self) -> None:
@@ -504,6 +508,14 @@ class Worker:
         except ProcessLookupError:
             pass
         self._reap()
+
+
+def _wait_quietly(pid: int) -> None:
+    """Reap the child ``pid`` (gone already: nothing to do)."""
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
 
 
 def _write(outbox: queue.Queue, channel: _Channel, errors: list[OSError]) -> None:

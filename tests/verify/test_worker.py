@@ -262,3 +262,17 @@ def test_the_check_libraries_are_imported_before_the_worker_is_forked():
     out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True", "True"]
+
+
+def test_a_stopped_worker_is_reaped_in_the_background() -> None:
+    w = Worker(_echo)
+    pid = w.pid
+    assert isinstance(w.stop(), int)  # returns once the child said it leaves, not after its exit
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)  # succeeds while the child runs or is a zombie nobody reaped
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"worker {pid} was not reaped")
