@@ -65,7 +65,10 @@ def test_verified_run_and_overhead() -> None:
     model = batchnorm()
     ref = ReferenceData.random(model, n=4)
     run = verified_run(model, [Stage("s", [RenameNodes, FoldBatchNorm])], ref)
-    assert run.final.ok and len(run.hook.records) == 2 and "final check" in run.summary()
+    assert run.final.ok and "final check" in run.summary()
+    # each pass checked, on its own or (coalesced while the checks ran behind) with the other
+    assert [r.label for r in run.hook.records] in (["pass 'RenameNodes'", "pass 'FoldBatchNorm'"],
+                                                   ["passes 'RenameNodes', 'FoldBatchNorm'"])
     with pytest.raises(PassVerificationError):
         verified_run(add_relu(), [Stage("s", [AddSelf])])
     fresh = batchnorm()

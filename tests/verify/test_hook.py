@@ -641,7 +641,7 @@ def test_background_and_foreground_checks_agree() -> None:
     runs = []
     for background in ("process", "thread", False):
         model = mul_multithreshold(np.float32(2.5))
-        hook = VerificationHook(ReferenceData.random(model, n=3, seed=4), background=background)
+        hook = VerificationHook(ReferenceData.random(model, n=3, seed=4), background=background, coalesce=False)
         PassManager([Stage("s", [AbsorbPositiveMul, RenameNodes])], [hook]).run(model)
         runs.append([(r.label, r.changed_nodes, r.region_nodes, len(r.near_ties)) for r in hook.records])
     assert runs[0] == runs[1] == runs[2] and runs[0]
