@@ -166,9 +166,9 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
     (after and before the rewrite). ``float64``, if given, returns the float64 reference of the same tensor of the
     original model (or None); it is called only for differences the margins do not explain, and an element agrees
     with it when it has the same level (within a thousandth of a step). ``grid_step``: the step of the levels of
-    ``expected`` (the quantizer producing the tensor before the rewrite), if known; ``float64`` is then not called
-    when one of those differences is not a whole number of these steps (no level of the original is then the
-    same): the unexplained differences are all returned as real. Only quantized tensors (``step`` known) can
+    ``expected`` (the quantizer producing the tensor before the rewrite), if known: when one difference is not a
+    whole number of these steps, no level of the original is the same there, so it is no near-tie, and every
+    difference is returned as real without asking the margins or ``float64``. Only quantized tensors (``step`` known) can
     have near-ties. Returns the near-ties and the flat indices of the real differences."""
     if diff_indices.size == 0:
         return [], diff_indices
@@ -179,6 +179,16 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
     st = _per_element(step, shape, diff_indices)
     if st is None:
         return [], diff_indices
+    g = _per_element(grid_step, shape, diff_indices)
+    if g is not None:
+        # a near-tie (by margin or by float64) gives a level of the original's quantizer, e + k·grid_step: an
+        # element whose difference is not a whole number of those steps is no near-tie, and then the tensor differs
+        # (found before any margin is worked out: a changed encoding, such as the XNOR rewrite's {-1, 1} -> {0, 1},
+        # differs by one step in every element, and each margin costs a Python call)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = np.where(g > 0, (a - e) / g, 0.0)
+        if ((g > 0) & ~(np.abs(k - np.rint(k)) <= 1e-3)).any():
+            return [], diff_indices
     one_step = (st > 0) & (np.abs(np.abs(a - e) - st) <= 1e-5 * st)
     by_margin: dict[int, tuple[Margin, str]] = {}
     if int(one_step.sum()) <= MAX_NEAR_TIES:
@@ -192,16 +202,6 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
     unexplained[list(by_margin)] = False
     by_f64 = np.zeros(diff_indices.shape, bool)
     if unexplained.any() and float64 is not None:
-        # the original's float64 value is a level of the quantizer behind the cached one (e + k·grid_step), so an
-        # element whose difference is not a whole number of those steps cannot have float64's level: if one such
-        # element is unexplained, the tensor differs, and the original need not run in float64 to say so (that run
-        # costs more than the whole check of a changed encoding, such as the XNOR rewrite's {-1, 1} -> {0, 1})
-        g = _per_element(grid_step, shape, diff_indices)
-        if g is not None:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                k = np.where(g > 0, (a - e) / g, 0.0)
-            if (unexplained & (g > 0) & ~(np.abs(k - np.rint(k)) <= 1e-3)).any():
-                return [], diff_indices[unexplained]
         ref = float64()
         if ref is not None and np.shape(ref) == tuple(shape):
             f = np.asarray(ref, np.float64).reshape(-1)[diff_indices]

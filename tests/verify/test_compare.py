@@ -95,3 +95,21 @@ def test_float64_reference_is_consulted_only_where_it_could_explain() -> None:
     assert calls == [1, 1] and real.tolist() == [0, 3] and ties == []
     ties, real = split_near_ties(diff, (4,), flipped, expected, float64=float64_of(flipped), grid_step=2.0, **args)
     assert calls == [1, 1, 1] and real.size == 0 and [t.evidence for t in ties] == ["float64", "float64"]
+
+
+def test_off_grid_differences_are_real_before_any_margin_is_worked_out(monkeypatch) -> None:
+    """A difference that is not a whole number of the cached value's steps is no near-tie by margin either: no
+    margin is computed (one Python call per element), and every difference is real."""
+    import verify.ties
+    from verify.ties import split_near_ties
+
+    asked = []
+    monkeypatch.setattr(verify.ties, "margin_at", lambda node, values, index: asked.append(index))
+    expected = np.array([-1.0, 1.0, 1.0, -1.0])
+    encoded = np.array([0.0, 1.0, 1.0, 0.0])  # one step of 1 from each expected value: a margin would be asked
+    diff = np.array([0, 3])
+    args = dict(tensor="t", sample=0, step=1.0, quantizers=[(object(), lambda name: None)], rtol=1e-5)
+    ties, real = split_near_ties(diff, (4,), encoded, expected, grid_step=2.0, **args)
+    assert ties == [] and real.tolist() == [0, 3] and asked == []
+    ties, real = split_near_ties(diff, (4,), encoded, expected, **args)  # no grid known: the margins are asked
+    assert ties == [] and real.tolist() == [0, 3] and asked == [(0,), (3,)]
