@@ -276,3 +276,20 @@ def test_a_stopped_worker_is_reaped_in_the_background() -> None:
             return
         time.sleep(0.01)
     pytest.fail(f"worker {pid} was not reaped")
+
+
+def test_the_worker_gives_memory_back_after_each_check(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    import verify.hook
+    from tests.verify.test_hook import CommuteAdd, RenameNodes
+
+    released = logging.getLogger("finnlite.test_worker.release")
+    monkeypatch.setattr(verify.hook, "release_memory", lambda: released.warning("released"))  # inherited by the fork
+    model = add_relu()
+    hook = VerificationHook(ReferenceData.random(model, n=2), background="process", coalesce=False)
+    with caplog.at_level(logging.WARNING, logger="finnlite.test_worker.release"):
+        PassManager([Stage("s", [CommuteAdd, RenameNodes])], [hook]).run(model)
+        hook.wait()
+    assert len(hook.records) == 2
+    assert caplog.text.count("released") == 2  # once after each check, in the worker (its log comes back)
+    hook.close()
