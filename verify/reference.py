@@ -418,6 +418,11 @@ class ReferenceData:
             return self._values.pop(key)
         return self.executor(dtype, fold=True).run(self.sample(i), return_all=True)
 
+    def forget_values(self) -> None:
+        """Drop every tensor value computed so far (:meth:`values`; computed again if asked for). A process that
+        forked the per-pass checks' worker calls it: the worker took the precomputed values as they were."""
+        self._values.clear()
+
     def precompute(self, values: int = 0, *, spill: bool = True) -> None:
         """Compute now, with one float32 executor of the original, its outputs on every sample and (for per-pass
         verification) every tensor on the first ``values`` samples (then with its weight quantizers folded, see

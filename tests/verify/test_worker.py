@@ -293,3 +293,18 @@ def test_the_worker_gives_memory_back_after_each_check(monkeypatch: pytest.Monke
     assert len(hook.records) == 2
     assert caplog.text.count("released") == 2  # once after each check, in the worker (its log comes back)
     hook.close()
+
+
+def test_this_process_drops_the_precomputed_values_the_worker_took() -> None:
+    from tests.verify.test_hook import CommuteAdd
+
+    model = add_relu()
+    reference = ReferenceData.random(model, n=2)
+    reference.precompute(values=2, spill=False)
+    assert len(reference._values) == 2
+    hook = VerificationHook(reference, background="process")
+    PassManager([Stage("s", [CommuteAdd])], [hook]).run(model)
+    assert reference._values == {}  # forgotten here once the worker was forked with them
+    assert [r.label for r in hook.records] == ["pass 'CommuteAdd'"]  # the worker checked against them
+    hook.close()
+    assert sorted(reference.values(0)) == sorted(reference.values(1))  # asked again: computed again
