@@ -24,15 +24,16 @@ message, no structural key per pass); when the checks have caught up, or the hel
 together, or before a pass that cannot join them (another policy, a metric, a pass that does not pickle), or at the
 stage's end, the version after the held runs is checked at once, under their common policy. The time limit keeps
 groups to quick passes, which make small changes: a check's fixed part (sending the version, building an executor
-for the region) is then most of its cost, and one check instead of several saves it. Long passes move scales
-across many layers; checked together, their changes make many more tensors differ from the cached values than
-each does alone, and one check of all of them costs more than their checks one by one (ResNet-18's streamline
-stage as one check: 470 ms against 160 ms). Per-pass ratios on the zoo, medians of 9 rounds, without coalescing
-and with it: tfc_1w1a 2.80 -> 2.08, cnv_2w2a 1.62 -> 1.48, resnet18 1.89 -> 1.68, mobilenet 1.44 -> 1.42. If that check fails, the held runs are replayed one at a time from the
-last verified version, each checked on its own, so that the error names the first failing pass, as for a stage
-check; if the pipeline fails while runs are held, they are replayed and checked the same way before its error is
-raised. A held check's record is labelled ``passes 'A', 'B'`` (those that changed the model). How many passes a
-check covers depends on how far behind the checks were, so it varies from run to run; every pass is covered.
+for the region) is then most of its cost, and one check instead of several saves it. Long passes move scales across
+many layers; checked together, their changes make many more tensors differ from the cached values than each does
+alone, and one check of all of them costs more than their checks one by one (ResNet-18's streamline stage as one
+check: 470 ms against 160 ms). Per-pass ratios on the zoo, medians of 9 rounds, without coalescing and with it:
+tfc_1w1a 2.80 -> 2.08, cnv_2w2a 1.62 -> 1.48, resnet18 1.89 -> 1.68, mobilenet 1.44 -> 1.42. If that check fails,
+the held runs are replayed one at a time from the last verified version, each checked on its own, so that the error
+names the first failing pass, as for a stage check; if the pipeline fails while runs are held, they are replayed and
+checked the same way before its error is raised. A held check's record is labelled ``passes 'A', 'B'`` (those that
+changed the model). How many passes a check covers depends on how far behind the checks were, so it varies from run
+to run; every pass is covered.
 """
 
 from __future__ import annotations

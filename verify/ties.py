@@ -168,8 +168,8 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
     with it when it has the same level (within a thousandth of a step). ``grid_step``: the step of the levels of
     ``expected`` (the quantizer producing the tensor before the rewrite), if known: when one difference is not a
     whole number of these steps, no level of the original is the same there, so it is no near-tie, and every
-    difference is returned as real without asking the margins or ``float64``. Only quantized tensors (``step`` known) can
-    have near-ties. Returns the near-ties and the flat indices of the real differences."""
+    difference is returned as real without asking the margins or ``float64``. Only quantized tensors (``step``
+    known) can have near-ties. Returns the near-ties and the flat indices of the real differences."""
     if diff_indices.size == 0:
         return [], diff_indices
     a = np.asarray(actual, dtype=np.float64).reshape(-1)[diff_indices]

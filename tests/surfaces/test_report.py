@@ -165,3 +165,14 @@ def test_a_cyclic_graph_still_draws() -> None:
     first, last = pic.boxes[1].key, pic.boxes[-2].key
     pic.edges.append((last, first))  # a back edge, as a broken rewrite might leave
     ET.fromstring(pic.svg())
+
+
+def test_checks_of_several_passes_at_once_are_counted_as_such() -> None:
+    from finnlite.report import CheckRow, VerificationResult
+
+    result = VerificationResult("each", checks=[CheckRow("A, B", "s", None, "equality", 2, 2, 0, 0.01),
+                                                CheckRow("C", "s", 1, "equality", 1, 1, 1, 0.01)])
+    assert ("2 per-pass checks passed (1 of them of several passes at once, held while the checks ran behind), "
+            "1 float32 near-tie(s) accepted") in result.text()
+    alone = VerificationResult("each", checks=[CheckRow("C", "s", 1, "equality", 1, 1, 0, 0.01)])
+    assert "1 per-pass checks passed, 0 float32" in alone.text()
