@@ -338,7 +338,10 @@ class VerificationHook:
 
     def close(self) -> None:
         """Wait for the checks, then drop the verifier (its cached tensor values and snapshot); the records stay.
-        A later pass manager run starts a new one."""
+        A later pass manager run starts a new one. Pass runs still held (a driver that did not end its stage) are
+        checked first, by replaying them."""
+        if self._held and self._started:
+            self._replay_held()
         self.wait(raise_failure=False)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
@@ -350,7 +353,9 @@ class VerificationHook:
         release_memory()  # the verifier's cached tensors and the checks' intermediates
 
     def after_run(self, model: Model, report: Any = None) -> None:
-        """The pipeline finished: wait for the last checks and raise a failure."""
+        """The pipeline finished: check what is still held, wait for the last checks and raise a failure."""
+        if self._held:
+            self._release(model)
         self.wait()
 
     def on_error(self, exc: BaseException) -> None:

@@ -138,3 +138,25 @@ def test_a_held_pass_that_hides_its_change_is_still_checked(behind: None, backgr
         hook = _run([CommuteQuietly, NoChangeExactly], background)
     assert [r.label for r in hook.records] == ["passes 'CommuteQuietly', 'NoChangeExactly'"]
     assert "reported no change but changed the graph" in caplog.text
+
+
+@pytest.mark.parametrize("background", MODES)
+def test_runs_held_when_a_driver_ends_without_its_stage_end_are_checked(behind: None, background: str) -> None:
+    from finnlite.passes import PassRecord
+
+    model = add_relu()
+    hook = VerificationHook(ReferenceData.random(model, n=2), background=background)
+    stage = Stage("s", [CommuteAdd, RenameExactly])
+    for p in (CommuteAdd(), RenameExactly()):  # a driver calling the pass hooks itself, without after_stage
+        hook.before_pass(p, model, stage)
+        changed = p.apply(model)
+        hook.after_pass(p, model, stage, PassRecord("s", p.name, 0, 0.0, changed, len(model), len(model)))
+    hook.after_run(model)
+    assert [r.label for r in hook.records] == ["passes 'CommuteAdd', 'RenameExactly'"]
+    held = VerificationHook(ReferenceData.random(add_relu(), n=2), background=background)
+    other = add_relu()
+    for p in (CommuteAdd(), RenameExactly()):
+        held.before_pass(p, other, stage)
+        held.after_pass(p, other, stage, PassRecord("s", p.name, 0, 0.0, p.apply(other), len(other), len(other)))
+    held.close()  # neither the stage's end nor the run's: replayed, each pass on its own
+    assert [r.label for r in held.records] == ["pass 'CommuteAdd'", "pass 'RenameExactly'"]
