@@ -174,8 +174,20 @@ def shared_arena(opts: Any) -> Any:
     return opts
 
 
-#: a one-node session on the process-wide arena, kept to shrink it (release_memory)
+#: a one-node session on the process-wide arena, kept to shrink it (release_memory), and the process that made it
 _SHRINKER: Any = None
+_SHRINKER_PID = 0
+
+#: onnxruntime sessions this process inherited from the one that forked it (the per-pass checks' worker): never run
+#: here, and never destroyed either, for the threads of their thread pools did not survive the fork: a run can wait
+#: for them for ever, and so can a destructor joining them. Kept until the process ends (it leaves by os._exit).
+_INHERITED: list[Any] = []
+
+
+def inherited(pid: int) -> bool:
+    """True if a session made in process ``pid`` belongs to another process than this one (it was forked since),
+    in which case the caller parks it in :data:`_INHERITED` and makes its own."""
+    return pid != os.getpid()
 
 
 def release_memory() -> None:
@@ -186,12 +198,15 @@ def release_memory() -> None:
     per-pass verification, after the final check, and in the per-pass verification worker after each check (whose
     regions differ from one check to the next: there it lowers the worker's peak more than it costs). onnxruntime shrinks an arena at the end of a run that asks for
     it, and any session using the shared arena can ask: a tiny Identity session does, on one float."""
-    global _SHRINKER
+    global _SHRINKER, _SHRINKER_PID
     from finnlite.memory import trim_heap
 
     if _SHARED_ARENA:
         import onnxruntime as ort
 
+        if _SHRINKER is not None and inherited(_SHRINKER_PID):
+            _INHERITED.append(_SHRINKER)
+            _SHRINKER = None
         if _SHRINKER is None:
             vi = helper.make_tensor_value_info
             graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "finnlite_shrink",
@@ -199,7 +214,7 @@ def release_memory() -> None:
             model = fix_ir_version(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), IR_VERSION)
             options = ort.RunOptions()
             options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-            _SHRINKER = (make_session(model), options)
+            _SHRINKER, _SHRINKER_PID = (make_session(model), options), os.getpid()
         session, options = _SHRINKER
         session.run(["y"], {"x": np.zeros(1, np.float32)}, options)
     trim_heap()
@@ -232,6 +247,7 @@ class RegionStep:
         self.constants, self.opsets, self.functions = constants, opsets, functions
         self.labels, self.threads, self.arena = labels, threads, arena
         self._session: Any = None
+        self._pid = 0  # the process that made the session
         self._fed: dict[str, np.ndarray] = {}
 
     def describe(self) -> str:
@@ -272,8 +288,10 @@ class RegionStep:
         builds executors for many regions of it). With graph optimizations and prepacking off, a weight computes
         the same whether it is an initializer or an input (qonnx feeds every weight as an input)."""
         feeds = {name: env[name] for name in self.inputs}
+        if self._session is not None and inherited(self._pid):
+            self.release()
         if self._session is None:
-            self._fed = self.large_constants()
+            self._fed, self._pid = self.large_constants(), os.getpid()
             try:
                 self._session = make_session(self.model(feeds, feed_large=True), self.threads, arena=self.arena)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
@@ -287,7 +305,9 @@ class RegionStep:
         env.update(zip(self.outputs, results))
 
     def release(self) -> None:
-        """Drop the session (it is made again at the next run)."""
+        """Drop the session (it is made again at the next run; an inherited one is parked, see _INHERITED)."""
+        if self._session is not None and inherited(self._pid):
+            _INHERITED.append(self._session)
         self._session, self._fed = None, {}
 
 
@@ -303,18 +323,24 @@ class NodeSessionStep:
         self.inputs = node_inputs(node)
         self.outputs = [t for t in node.output if t]
         self._sessions: dict[tuple, Any] = {}
+        self._pid = os.getpid()  # the process that made the sessions
 
     def describe(self) -> str:
         return f"own session: {self.label} ({self.node.op_type}, as qonnx runs it)"
 
     def release(self) -> None:
-        """Drop the sessions (made again at the next run)."""
+        """Drop the sessions (made again at the next run; inherited ones are parked, see _INHERITED)."""
+        if inherited(self._pid):
+            _INHERITED.extend(self._sessions.values())
+            self._pid = os.getpid()
         self._sessions.clear()
 
     def run(self, env: dict[str, np.ndarray]) -> None:
         import onnxruntime as ort
 
         feeds = {name: env[name] for name in self.inputs}
+        if inherited(self._pid):
+            self.release()
         key = tuple((name, a.dtype.str, a.shape) for name, a in feeds.items())
         session = self._sessions.get(key)
         if session is None:
@@ -385,12 +411,13 @@ Step = RegionStep | KernelStep | NodeSessionStep
 class Plan:
     """Steps in execution order. With ``keep`` (the tensors the caller wants), a tensor leaves the environment
     right after the last step that reads it (or the step that makes it, if none does): a run then holds the
-    tensors still needed, not every activation of the network. Without ``keep`` every tensor stays."""
+    tensors still needed, not every activation of the network. Without ``keep`` every tensor stays, but those in
+    ``drop``, which leave in the same way."""
 
-    def __init__(self, steps: list[Step], keep: set[str] | None = None) -> None:
+    def __init__(self, steps: list[Step], keep: set[str] | None = None, drop: set[str] | None = None) -> None:
         self.steps = steps
         self._drop: list[list[str]] | None = None
-        if keep is not None:
+        if keep is not None or drop:
             last: dict[str, int] = {}
             for i, step in enumerate(steps):
                 for t in step.outputs:
@@ -399,7 +426,7 @@ class Plan:
                     last[t] = i
             self._drop = [[] for _ in steps]
             for t, i in last.items():
-                if t not in keep:
+                if (keep is not None and t not in keep) or (drop and t in drop):
                     self._drop[i].append(t)
 
     def execute(self, env: dict[str, np.ndarray], release: bool = False) -> None:
