@@ -97,6 +97,8 @@ _ALONE = {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPoo
 BATCH_MODES = ("per_item", "vectorized")
 #: the plan mode of ``run(return_all=True, windows=False)``: every tensor but the fused pairs' windows
 _ALL_BUT_WINDOWS = "all-but-windows"
+#: the plan mode of ``run(return_all=True, weights=False)``: every tensor but the weight quantizers' outputs
+_ALL_BUT_WEIGHTS = "all-but-weights"
 
 
 class Executor:
@@ -152,6 +154,8 @@ class Executor:
         self._names: set[str] = set()
         self._types: dict[str, int] = {}  # element types, known after _static_shapes
         nodes = self._sorted_nodes(graph)
+        #: the weight quantizers (folded or run at each run): {output: (kernel, its input arrays)}
+        self._weight_quantizers: dict[str, tuple[CustomOp, list[np.ndarray]]] = {}
         # the op version a custom node runs as follows its domain's opset import, 1 if absent (as in qonnx)
         versions = {o.domain: o.version for o in proto.opset_import}
         ops = {i: registry.make_op(n, versions.get(n.domain, 1)) for i, n in enumerate(nodes)
@@ -194,12 +198,14 @@ class Executor:
         return self._input_shapes[name]
 
     def run(self, inputs: Mapping[str, np.ndarray], return_all: bool = False, *,
-            windows: bool = True, release: bool = False) -> dict[str, np.ndarray]:
+            windows: bool = True, weights: bool = True, release: bool = False) -> dict[str, np.ndarray]:
         """The graph outputs for ``inputs`` ({data input name: array}); with ``return_all``, every tensor: the
         inputs, the constants (initializers and folded tensors, read-only) and every node output. With
         ``windows=False`` (and ``return_all``), the outputs of ``Im2Col`` nodes that only a MatMul run with them as
         one Conv reads are left out: they are not computed (:mod:`custom_ops.intconv`; they are ``kh·kw`` times
-        their input, and the caller can make them from it).
+        their input, and the caller can make them from it). With ``weights=False`` (and ``return_all``), the
+        outputs of the weight quantizers (:meth:`weight_quantizers`) are left out: a quantizer that runs at each
+        run (``fold_large=False``) then hands its output to its readers only, and the caller can compute it again.
 
         A leading dim N (a multiple of the model's fixed batch dim b0) runs a batch, see ``batch_mode``. Raises
         :class:`GraphError` naming the tensor for an unknown or missing input or a wrong dtype or shape, and
@@ -209,7 +215,11 @@ class Executor:
         (in the last chunk of a ``per_item`` batch), so that one session is alive at a time for a single input;
         results are unchanged, and a later run makes the sessions again."""
         if return_all and not windows:
+            if not weights:
+                raise ValueError("windows=False and weights=False do not combine")
             return_all = _ALL_BUT_WINDOWS  # type: ignore[assignment]
+        elif return_all and not weights:
+            return_all = _ALL_BUT_WEIGHTS  # type: ignore[assignment]
         arrays, batch = self._check_inputs(inputs)
         if batch is None:
             return self._execute(arrays, batched=False, return_all=return_all, release=release)
@@ -225,6 +235,12 @@ class Executor:
                         reason, self._batch0())
             self._chunk_batches = True
         return self._run_chunks(arrays, batch, return_all, release)
+
+    def weight_quantizers(self) -> dict[str, tuple[CustomOp, list[np.ndarray]]]:
+        """The quantizers of large constant weights in float32 (folded, or run at each run with
+        ``fold_large=False``): {output tensor: (its custom op, its input arrays)}. ``custom_ops.common.by_rows`` of
+        the op's kernel over those arrays computes the output bit for bit (as folding does)."""
+        return dict(self._weight_quantizers)
 
     def describe(self) -> str:
         """The plan, one line per step: regions (node counts) and kernel nodes (with why they are not lowered)."""
@@ -383,6 +399,9 @@ class Executor:
                     or (reads_large and not self.fold_large)):
                 if i in ops:
                     kept_ops[len(kept)] = ops[i]
+                    if (reads_large and node.op_type in _FOLDED_BY_ROWS and len(node.output) == 1
+                            and all(t in self._constants for t in node.input) and self.dtype == np.float32):
+                        self._weight_quantizers[node.output[0]] = (ops[i], [self._constants[t] for t in node.input])
                 kept.append(node)
                 continue
             label = node_label(node, i)
@@ -393,6 +412,7 @@ class Executor:
                 # computes) over blocks of rows, without the weight-sized temporaries of a session computing it
                 op, args = ops[i], [self._constants[t] for t in node.input]
                 self._constants[outputs[0]] = self._const(by_rows(lambda *a: op.execute(list(a))[0], *args))
+                self._weight_quantizers[outputs[0]] = (op, args)
                 continue
             if i in ops:
                 try:
@@ -593,13 +613,14 @@ class Executor:
                     steps.append(self._region(taken, batched, fused))
                 remaining = [i for i in remaining if i in blocked]
         # a region returns the graph tensors it computes that a later step or the caller needs
+        skip = set(self._weight_quantizers) if return_all == _ALL_BUT_WEIGHTS else set()
         needed_later = set(self._outputs)
         for step in reversed(steps):
             if isinstance(step, RegionStep):
-                step.outputs = [t for t in step.produced if return_all or t in needed_later]
+                step.outputs = [t for t in step.produced if (return_all and t not in skip) or t in needed_later]
             needed_later.update(step.inputs)
         return Plan([s for s in steps if not isinstance(s, RegionStep) or s.outputs],
-                    keep=None if return_all else set(self._outputs))
+                    keep=None if return_all else set(self._outputs), drop=skip)
 
     def _outside_step(self, i: int) -> Step:
         node, label = self._as_dtype(self._nodes[i]), node_label(self._nodes[i], i)
@@ -708,6 +729,9 @@ class Executor:
         env: dict[str, np.ndarray] = dict(self._constants)
         env.update(arrays)
         plan.execute(env, release)
+        if return_all == _ALL_BUT_WEIGHTS:
+            for name in self._weight_quantizers:  # folded ones are constants
+                env.pop(name, None)
         if return_all:
             return env
         return {name: env[name] for name in self._outputs}

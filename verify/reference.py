@@ -25,16 +25,31 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
+from custom_ops.common import by_rows
 from custom_ops.plan import release_memory
 from finnlite.datatypes import BaseDataType, is_integer_type
 from finnlite.errors import ConfigError
 from finnlite.model import Model, as_model, freeze, is_frozen
 from finnlite.passes import fingerprint
+from verify.cache import Recompute, SampleValues
 from verify.compare import fits_datatype
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ReferenceData", "ReferenceDataError", "InputSpec"]
+
+
+class _ByRows:
+    """A weight quantizer's kernel run a block of rows at a time (:func:`custom_ops.common.by_rows`), as the
+    executor folds it: the same bits, without temporaries the size of the weight."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+
+    def execute(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        return [by_rows(lambda *a: self.op.execute(list(a))[0], *inputs)]
 
 
 class ReferenceDataError(ConfigError):
@@ -380,8 +395,8 @@ class ReferenceData:
         """The oracle for the original model in ``dtype`` (built once per dtype and ``fold``). Without ``fold`` its
         large weight quantizers run at each run (``Executor(fold_large=False)``): folded, they would double the
         weights in memory (17.7 MB for MobileNet-v1) while the pipeline's model still holds them. ``fold``: they
-        are folded, for runs that return every tensor (:meth:`values`), whose results then share the quantized
-        weights instead of holding a copy per sample.
+        are folded (for the float64 runs that return every tensor, whose results then share the quantized weights
+        instead of holding a copy per sample).
 
         A float32 executor folds them anyway where that takes less memory (:meth:`_Weights.folding_is_smaller`)."""
         from custom_ops.executor import Executor
@@ -403,20 +418,33 @@ class ReferenceData:
             self._outputs[key] = executor.run(self.inputs)
         return self._outputs[key]
 
-    def values(self, i: int, dtype: Any = np.float32) -> dict[str, np.ndarray]:
-        """Every tensor of the original model on sample ``i`` (inputs, constants, node outputs), computed once."""
+    def values(self, i: int, dtype: Any = np.float32) -> SampleValues:
+        """Every tensor of the original model on sample ``i`` (inputs, constants, node outputs), computed once. In
+        float32 the quantized weights are held as their quantizers on the original's weights (:class:`Recompute`
+        entries, made when read): each would otherwise be a copy of a weight for the whole run (ResNet-18: 45 MB),
+        while the pipeline folds them in its first stage and the checks seldom read them before."""
         key = (np.dtype(dtype).name, i)
         if key not in self._values:
-            self._values[key] = self.executor(dtype, fold=True).run(self.sample(i), return_all=True)
+            self._values[key] = self._all_tensors(i, dtype)
         return self._values[key]
 
-    def take_values(self, i: int, dtype: Any = np.float32) -> dict[str, np.ndarray]:
+    def take_values(self, i: int, dtype: Any = np.float32) -> SampleValues:
         """Like :meth:`values`, but the caller takes the dict: it is dropped from the cache (the verifier keeps and
         edits its own, and the original's tensors are then not held twice over a run)."""
         key = (np.dtype(dtype).name, i)
         if key in self._values:
             return self._values.pop(key)
-        return self.executor(dtype, fold=True).run(self.sample(i), return_all=True)
+        return self._all_tensors(i, dtype)
+
+    def _all_tensors(self, i: int, dtype: Any) -> SampleValues:
+        if np.dtype(dtype) != np.float32:
+            return SampleValues(self.executor(dtype, fold=True).run(self.sample(i), return_all=True))
+        executor = self.executor(dtype)  # its weight quantizers run inside the regions, and are not returned
+        values = SampleValues(executor.run(self.sample(i), return_all=True, weights=False))
+        for name, (op, args) in executor.weight_quantizers().items():
+            shape = np.broadcast_shapes(*(np.shape(a) for a in args if a is not None))
+            dict.__setitem__(values, name, Recompute(_ByRows(op), list(args), shape, np.float32))
+        return values
 
     def forget_values(self) -> None:
         """Drop every tensor value computed so far (:meth:`values`; computed again if asked for). A process that
@@ -425,8 +453,8 @@ class ReferenceData:
 
     def precompute(self, values: int = 0, *, spill: bool = True) -> None:
         """Compute now, with one float32 executor of the original, its outputs on every sample and (for per-pass
-        verification) every tensor on the first ``values`` samples (then with its weight quantizers folded, see
-        :meth:`executor`); then drop that executor and its folded constants and, with ``spill``, move the
+        verification) every tensor on the first ``values`` samples (its quantized weights as recomputations, see
+        :meth:`values`); then drop that executor and its folded constants and, with ``spill``, move the
         original's weights out of memory (module docstring). Nothing changes in what the other methods return;
         after a spill they read the weights back from the file."""
         for i in range(min(values, self.num_samples)):

@@ -184,18 +184,45 @@ def _quantized_weight_model(layers: int = 4):
     return Model(make_model(graph))
 
 
-def test_weight_quantizers_fold_only_for_runs_that_return_every_tensor() -> None:
-    model = _quantized_weight_model(layers=4)
+@pytest.mark.parametrize("layers", [3, 4])  # 3: the executor folds the weights; 4: it quantizes them in its runs
+def test_quantized_weights_are_recomputed_when_read_not_held(layers: int) -> None:
+    from custom_ops.executor import Executor
+    from verify.cache import Recompute
+
+    model = _quantized_weight_model(layers)
+    per_channel = np.linspace(0.01, 0.5, 256, dtype=np.float32).reshape(1, 256)  # a scale per output channel
+    q1 = model.get_node_from_name(model.find_producer("q1").name)
+    q1.replace_input_with(1, model.add_initializer(per_channel, "s1"))
     ref = ReferenceData.random(model, n=2, seed=1)
     outputs = ref.outputs()["y"]
-    # the outputs' executor quantizes the weights at each run: no second copy of them while the pipeline runs
-    assert ref.executor().describe().startswith("8 nodes to run")
     first, second = ref.values(0), ref.values(1)
-    assert first["q0"] is second["q0"]  # every sample's tensors share the folded weight, not a copy each
+    quantized = [f"q{i}" for i in range(layers)]
+    assert all(isinstance(dict.__getitem__(first, q), Recompute) for q in quantized)  # no copy of a weight held
+    for fold in (False, True):  # made when read: the same bits as folding, and as the lowering inside a session
+        full = Executor(model.to_proto(), fold_large=fold).run(ref.sample(0), return_all=True)
+        for name in full:
+            assert np.array_equal(np.asarray(first[name]).view(np.uint8), np.asarray(full[name]).view(np.uint8)), name
     np.testing.assert_array_equal(np.concatenate([first["y"], second["y"]]), outputs)
     again = ReferenceData.random(model, n=2, seed=1)
-    again.precompute(values=1)  # values first, then the outputs from the same (folded) executor: same bits
+    again.precompute(values=1)
     np.testing.assert_array_equal(again.outputs()["y"], outputs)
+    assert np.array_equal(again.values(0)["q1"], first["q1"])  # after the weights were spilled too
+
+
+def test_an_executor_leaves_the_weight_quantizers_out_when_asked() -> None:
+    from custom_ops.executor import Executor
+
+    model = _quantized_weight_model(layers=2)
+    x = {"x": np.ones((1, 256), np.float32)}
+    for fold in (False, True):
+        ex = Executor(model.to_proto(), fold_large=fold)
+        assert sorted(ex.weight_quantizers()) == ["q0", "q1"]
+        every = ex.run(x, return_all=True)
+        but = ex.run(x, return_all=True, weights=False)
+        assert sorted(set(every) - set(but)) == ["q0", "q1"]
+        assert all(np.array_equal(every[k], but[k]) for k in but)
+    with pytest.raises(ValueError, match="do not combine"):
+        ex.run(x, return_all=True, windows=False, weights=False)
 
 
 @pytest.mark.parametrize("layers,folded", [(1, True), (3, True), (4, False)])
