@@ -139,11 +139,64 @@ def zoo_table() -> None:
     print("  140 MB); +/file: +MB over the file size)")
 
 
-def cli_model(name: str, verify: str = "each") -> dict:
+def _pss(pid: int | str) -> int:
+    """Process ``pid``'s proportional set size in bytes (its private pages, and each page it shares with n
+    processes counted 1/n), 0 where unreadable (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class _PssPeak:
+    """The peak of the memory this process and its children (the per-pass checks' worker) use together: the sum of
+    their proportional set sizes, sampled every ``interval`` seconds on a thread. A page the two share counts once
+    in the sum, where the peak RSS of one plus the other's growth beyond what it shared at the fork counts pages
+    the parent drops after the fork (the original's tensor values the worker took) in the parent only, and pages
+    freed and reused in the worker not at all."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        import threading
+
+        self.peak, self._stop, self.interval = 0, threading.Event(), interval
+        self.base = self._sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _children() -> list[str]:
+        out: list[str] = []
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                out += (task / "children").read_text().split()
+            except OSError:
+                pass
+        return out
+
+    def _sample(self) -> int:
+        return _pss("self") + sum(_pss(c) for c in self._children())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self._sample())
+
+    def stop(self) -> int:
+        """Stop sampling; the peak above the sum when sampling started, in bytes."""
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, self._sample()) - self.base
+
+
+def cli_model(name: str, verify: str = "each", pss: str = "") -> dict:
     """``finnlite streamline``'s work on one zoo model, timed in this process (run as a subprocess by
     :func:`cli_table`): load, :func:`finnlite.build.streamline` with its defaults (the default pipeline, every pass
     verified, the final check on the default number of random samples, the report's extras) and save; ``verify``
-    as ``--verify`` (``final``: the final check only)."""
+    as ``--verify`` (``final``: the final check only). ``pss="pss"``: also sample the memory both processes use
+    together (:class:`_PssPeak`; the sampling costs time, so such a run is not the one timed)."""
     from finnlite import Model
     from finnlite.build import streamline
 
@@ -152,6 +205,7 @@ def cli_model(name: str, verify: str = "each") -> dict:
     entry = json.loads((ZOO / "manifest.json").read_text())[name]
     rss_base = _import_everything()
     freeze_imports()  # as the command does before loading the model
+    sampler = _PssPeak() if pss == "pss" else None
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         model = Model(ZOO / entry["file"])
@@ -163,7 +217,8 @@ def cli_model(name: str, verify: str = "each") -> dict:
     worker = v.worker_memory or 0  # the per-pass checks' process: what it added beyond the pages it shared
     return {"name": name, "total": total, "samples": v.samples, "final": report.seconds.get("final check", 0.0),
             "ok": report.error is None and v.final is not None and v.final.ok, "rss": rss,
-            "rss_incr": rss - rss_base + worker, "worker": worker, "file": (ZOO / entry["file"]).stat().st_size}
+            "rss_incr": rss - rss_base + worker, "worker": worker, "file": (ZOO / entry["file"]).stat().st_size,
+            "pss_incr": sampler.stop() if sampler is not None else None}
 
 
 def cli_table() -> None:
@@ -171,28 +226,32 @@ def cli_table() -> None:
     print("   for the input size, report extras, save; in-process, without the interpreter's start-up), with per-pass")
     print("   verification (the default, --verify each) and without it (--verify final); each run in its own process")
     print(f"  {'model':<18} {'samples':>7} {'each s':>6} {'final s':>7} {'ratio':>5}  {'each +MB':>8} {'worker':>6} "
-          f"{'+/file':>6}  {'final +MB':>9} {'+/file':>6}  {'final runs +MB':>14}")
+          f"{'+/file':>6} {'PSS +MB':>7} {'+/file':>6}  {'final +MB':>9} {'+/file':>6}  {'final runs +MB':>14}")
     for name in json.loads((ZOO / "manifest.json").read_text()):
-        runs: dict[str, list[dict]] = {"each": [], "final": []}
-        for mode, repeats in (("each", 1), ("final", 3)):
+        runs: dict[str, list[dict]] = {"each": [], "final": [], "each pss": []}
+        for mode, repeats in (("each", 1), ("final", 3), ("each pss", 1)):
             for _ in range(repeats):
-                out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--cli", name, mode],
+                out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--cli", name, *mode.split()],
                                      capture_output=True, text=True, cwd=REPO, check=True)
                 runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        e = runs["each"][0]
+        e, pss = runs["each"][0], runs["each pss"][0]["pss_incr"] or 0
         finals = sorted(runs["final"], key=lambda r: r["rss_incr"])
         f = finals[len(finals) // 2]  # the median run by memory
         failed = "" if e["ok"] and all(r["ok"] for r in finals) else "  VERIFICATION FAILED"
         spread = " / ".join(f"{r['rss_incr'] / 1e6:.1f}" for r in finals)
         print(f"  {name:<18} {e['samples']:>7} {e['total']:6.2f} {f['total']:7.2f} {e['total'] / f['total']:4.2f}x  "
-              f"{e['rss_incr'] / 1e6:8.0f} {e.get('worker', 0) / 1e6:6.0f} {e['rss_incr'] / e['file']:5.1f}x  "
+              f"{e['rss_incr'] / 1e6:8.0f} {e.get('worker', 0) / 1e6:6.0f} {e['rss_incr'] / e['file']:5.1f}x "
+              f"{pss / 1e6:7.0f} {pss / e['file']:5.1f}x  "
               f"{f['rss_incr'] / 1e6:9.1f} "
               f"{f['rss_incr'] / f['file']:5.2f}x  {spread:>14}{failed}")
     print("  (+MB: the peak RSS above the warmed-up baseline, as in the table above; --verify final runs three times,")
     print("  median shown, all three listed: the peak varies by a few MB between identical runs; per-pass verification")
     print("  keeps every tensor of the current model version on its probe samples, and each check runs part of the")
     print("  model: its memory comes on top of the pipeline's; each +MB includes the worker process's peak beyond the")
-    print("  pages it shares with the command, shown as worker)")
+    print("  pages it shares with the command, shown as worker; PSS +MB: from another --verify each run, the peak of")
+    print("  the memory the command and its worker use together, sampled every 10 ms, where a page they share counts")
+    print("  once: each +MB counts pages the command drops after the fork, which the worker keeps, in the command's")
+    print("  peak only, and pages the worker frees and reuses not at all)")
 
 
 def verification_overhead() -> None:
@@ -305,7 +364,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) in (3, 4) and sys.argv[1] == "--cli":
+    if len(sys.argv) in (3, 4, 5) and sys.argv[1] == "--cli":
         print(json.dumps(cli_model(*sys.argv[2:])))
     elif len(sys.argv) == 3 and sys.argv[1] == "--one":
         print(json.dumps(one_model(sys.argv[2])))
