@@ -254,37 +254,52 @@ def cli_table() -> None:
     print("  peak only, and pages the worker frees and reuses not at all)")
 
 
-def verification_overhead() -> None:
-    """The cost of per-pass verification on every zoo model: the pipeline with the verification hook against the
-    pipeline alone, on fresh copies of the model, medians of 5 rounds (each with fresh reference data: single rounds
-    vary by +-15% and more on the small models). The checks run as by default (in a worker process where
-    supported) and, for comparison, on a thread."""
+def overhead_rows(name: str) -> list[dict]:
+    """Per-pass verification's cost on one zoo model, in this process (run as a subprocess by
+    :func:`verification_overhead`): for each way of running the checks, the pipeline's time without and with the
+    hook in 5 rounds, on fresh copies of the model, each round with fresh reference data."""
     from finnlite import Model
     from finnlite.cli import freeze_imports
     from streamline.pipeline import default_stages
     from verify import ReferenceData, measure_overhead
     from verify.worker import process_supported
 
+    _import_everything()  # the libraries' first use, not paid by the first round
     freeze_imports()  # as the command does before loading a model
-    modes = ["process", "thread"] if process_supported() else ["thread"]
+    entry = json.loads((ZOO / "manifest.json").read_text())[name]
+    lo, hi = entry["input_range"]
+    model = Model(ZOO / entry["file"])
+    rows = []
+    for mode in (["process", "thread"] if process_supported() else ["thread"]):
+        plain, verified, checks = [], [], 0
+        for _ in range(5):
+            o = measure_overhead(model, default_stages, ReferenceData.random(model, n=4, seed=0, low=lo, high=hi),
+                                 background=mode)
+            plain.append(o.plain_seconds)
+            verified.append(o.verified_seconds)
+            checks = o.checks
+        rows.append({"mode": mode, "checks": checks, "plain": plain, "verified": verified})
+    return rows
+
+
+def verification_overhead() -> None:
+    """The cost of per-pass verification on every zoo model: the pipeline with the verification hook against the
+    pipeline alone, medians of 5 rounds (single rounds vary by +-15% and more on the small models), each model in
+    its own process (as the command runs: forking the worker costs more from a process that has grown). The checks
+    run as by default (in a worker process where supported) and, for comparison, on a thread."""
+    from verify.worker import process_supported
+
     print("== per-pass verification: the pipeline with it against without it (medians of 5 rounds; target < 2x);")
-    print("   checks in a worker process and, for comparison, on a thread" if len(modes) > 1 else
+    print("   checks in a worker process and, for comparison, on a thread" if process_supported() else
           "   checks on a thread (no worker process here)")
     print(f"  {'model':<18} {'checks':>6} {'mode':>7} {'pipeline s':>10} {'verified s':>10} {'ratio':>6}  rounds")
-    for name, entry in json.loads((ZOO / "manifest.json").read_text()).items():
-        lo, hi = entry["input_range"]
-        model = Model(ZOO / entry["file"])
-        for mode in modes:
-            plain, verified, checks = [], [], 0
-            for _ in range(5):
-                o = measure_overhead(model, default_stages,
-                                     ReferenceData.random(model, n=4, seed=0, low=lo, high=hi), background=mode)
-                plain.append(o.plain_seconds)
-                verified.append(o.verified_seconds)
-                checks = o.checks
-            p, v = statistics.median(plain), statistics.median(verified)
-            rounds = ", ".join(f"{b / a:.2f}" for a, b in zip(plain, verified))
-            print(f"  {name:<18} {checks:>6} {mode:>7} {p:10.3f} {v:10.3f} {v / p:5.2f}x  {rounds}")
+    for name in json.loads((ZOO / "manifest.json").read_text()):
+        out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--overhead", name],
+                             capture_output=True, text=True, cwd=REPO, check=True)
+        for row in json.loads(out.stdout.strip().splitlines()[-1]):
+            p, v = statistics.median(row["plain"]), statistics.median(row["verified"])
+            rounds = ", ".join(f"{b / a:.2f}" for a, b in zip(row["plain"], row["verified"]))
+            print(f"  {name:<18} {row['checks']:>6} {row['mode']:>7} {p:10.3f} {v:10.3f} {v / p:5.2f}x  {rounds}")
 
 
 def _resnet_style(blocks: int) -> "object":
@@ -368,5 +383,7 @@ if __name__ == "__main__":
         print(json.dumps(cli_model(*sys.argv[2:])))
     elif len(sys.argv) == 3 and sys.argv[1] == "--one":
         print(json.dumps(one_model(sys.argv[2])))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--overhead":
+        print(json.dumps(overhead_rows(sys.argv[2])))
     else:
         main()
