@@ -170,7 +170,11 @@ class _PssPeak:
     @staticmethod
     def _children() -> list[str]:
         out: list[str] = []
-        for task in Path("/proc/self/task").iterdir():
+        try:
+            tasks = list(Path("/proc/self/task").iterdir())
+        except OSError:  # not Linux: no children to count (and _pss reads 0)
+            return out
+        for task in tasks:
             try:
                 out += (task / "children").read_text().split()
             except OSError:
