@@ -154,6 +154,12 @@ def sliding_windows(x: np.ndarray, window: Sequence[int], axes: Sequence[int], s
     return view[tuple(index)]
 
 
+def execute_by_rows(op: Any, args: Sequence[np.ndarray]) -> np.ndarray:
+    """The single output of elementwise custom op ``op`` (a weight quantizer) on ``args``, its kernel run over
+    blocks of rows (:func:`by_rows`): bit for bit what the kernel, and the op's lowering, compute on the whole."""
+    return by_rows(lambda *a: op.execute(list(a))[0], *args)
+
+
 def by_rows(fn: Any, *args: np.ndarray, block: int = 1 << 16) -> np.ndarray:
     """``fn(*args)`` for an elementwise ``fn`` of broadcasting arrays, computed over blocks of about ``block``
     elements of rows (axis 0 of the broadcast shape; an argument varying along it is sliced with the block, the

@@ -71,7 +71,7 @@ from onnx import helper, numpy_helper
 
 from custom_ops import registry
 from custom_ops.base import CustomOp
-from custom_ops.common import by_rows
+from custom_ops.common import execute_by_rows
 from custom_ops.float64_ops import FLOAT64_KERNELS, Float64Op
 from custom_ops.intconv import fuse_im2col_matmul
 from custom_ops.lowering import Lowering, LoweringContext, NotLowerable, lower_node
@@ -238,8 +238,8 @@ class Executor:
 
     def weight_quantizers(self) -> dict[str, tuple[CustomOp, list[np.ndarray]]]:
         """The quantizers of large constant weights in float32 (folded, or run at each run with
-        ``fold_large=False``): {output tensor: (its custom op, its input arrays)}. ``custom_ops.common.by_rows`` of
-        the op's kernel over those arrays computes the output bit for bit (as folding does)."""
+        ``fold_large=False``): {output tensor: (its custom op, its input arrays)}. ``custom_ops.common.execute_by_rows``
+        of them computes the output bit for bit (as folding does)."""
         return dict(self._weight_quantizers)
 
     def describe(self) -> str:
@@ -394,26 +394,25 @@ class Executor:
             inputs = node_inputs(node)
             # a weight quantizer, or anything else reading a large constant
             reads_large = any(t in self._constants and self._constants[t].size >= FEED_ELEMENTS for t in inputs)
+            if (reads_large and i in ops and node.op_type in _FOLDED_BY_ROWS and self.dtype == np.float32
+                    and len(node.output) == 1 and all(t in self._constants for t in node.input)):
+                # a weight quantizer (weight_quantizers): folded by its numpy kernel (qonnx's own arithmetic, bit for
+                # bit what the lowering computes) over blocks of rows, without the weight-sized temporaries of a
+                # session computing it; or, without fold_large, kept to run at each run
+                out, args = node.output[0], [self._constants[t] for t in node.input]
+                self._weight_quantizers[out] = (ops[i], args)
+                if self.fold_large:
+                    self._constants[out] = self._const(execute_by_rows(ops[i], args))
+                    continue
             if (not all(t in self._constants or t in pending for t in inputs)
                     or not (inputs or node.op_type == "Constant") or node.op_type in _NONDETERMINISTIC
                     or (reads_large and not self.fold_large)):
                 if i in ops:
                     kept_ops[len(kept)] = ops[i]
-                    if (reads_large and node.op_type in _FOLDED_BY_ROWS and len(node.output) == 1
-                            and all(t in self._constants for t in node.input) and self.dtype == np.float32):
-                        self._weight_quantizers[node.output[0]] = (ops[i], [self._constants[t] for t in node.input])
                 kept.append(node)
                 continue
             label = node_label(node, i)
             outputs = [t for t in node.output if t]
-            if (reads_large and i in ops and node.op_type in _FOLDED_BY_ROWS and self.dtype == np.float32
-                    and len(outputs) == 1 and all(t in self._constants for t in inputs)):
-                # a weight quantizer: its numpy kernel (qonnx's own arithmetic, bit for bit what the lowering
-                # computes) over blocks of rows, without the weight-sized temporaries of a session computing it
-                op, args = ops[i], [self._constants[t] for t in node.input]
-                self._constants[outputs[0]] = self._const(by_rows(lambda *a: op.execute(list(a))[0], *args))
-                self._weight_quantizers[outputs[0]] = (op, args)
-                continue
             if i in ops:
                 try:
                     shapes = {t: self._constants[t].shape for t in inputs if t in self._constants}

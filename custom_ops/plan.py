@@ -196,8 +196,9 @@ def release_memory() -> None:
     needed (about 12 MB for a MobileNet-v1 sample), which saves later sessions their first-touch page faults, so
     call this only where a phase ends that will not run again soon: after the reference outputs are computed, after
     per-pass verification, after the final check, and in the per-pass verification worker after each check (whose
-    regions differ from one check to the next: there it lowers the worker's peak more than it costs). onnxruntime shrinks an arena at the end of a run that asks for
-    it, and any session using the shared arena can ask: a tiny Identity session does, on one float."""
+    regions differ from one check to the next: there it lowers the worker's peak more than it costs). onnxruntime
+    shrinks an arena at the end of a run that asks for it, and any session using the shared arena can ask: a tiny
+    Identity session does, on one float."""
     global _SHRINKER, _SHRINKER_PID
     from finnlite.memory import trim_heap
 

@@ -21,7 +21,6 @@ each side and mapped back through those scalar ops), else from the input's integ
 from __future__ import annotations
 
 import logging
-import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -184,15 +183,6 @@ class _Recorder:
             self.progress(f"[{stage.name}] done in {dt:.2f} s, {len(model)} nodes")
 
 
-def _checked_passes(label: str) -> str:
-    """The pass (or stage) a check record's label names: ``pass 'A'`` -> A, ``stage 'lower' up to 'B'`` -> lower,
-    ``passes 'A', 'B'`` (passes checked together) -> "A, B"."""
-    names = re.findall(r"'([^']*)'", label)
-    if not names:
-        return label
-    return ", ".join(names) if label.startswith("passes ") else names[0]
-
-
 def _safe(what: str, fn: Callable[[], Any]) -> Any:
     """``fn()``, or None with a warning: the parts of a report that are a bonus must not stop a run."""
     try:
@@ -262,7 +252,7 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
                           "before_path": err.before_path, "after_path": err.after_path, "message": str(err)}
     seconds["pipeline"] = time.perf_counter() - t0
     if hook is not None:
-        result.checks = [CheckRow(_checked_passes(r.label), r.stage, r.iteration,
+        result.checks = [CheckRow(r.pass_name or r.label, r.stage, r.iteration,
                                   r.policy, r.changed_nodes, r.region_nodes, len(r.near_ties), r.seconds)
                          for r in hook.records]
         result.seconds += hook.seconds

@@ -111,6 +111,8 @@ class CheckRecord:
     seconds: float
     near_ties: list[NearTie] = field(default_factory=list)
     runs: int = 1
+    #: the pass the check is of, the stage for a stage check, or "A, B" for passes checked together
+    pass_name: str = ""
 
 
 #: environment variable naming the folder under which failing checks save their models (default: the system's
@@ -362,7 +364,7 @@ class VerificationHook:
         """The pipeline failed: if a check of an earlier pass fails (waiting for the queued ones), raise that
         instead, since the broken rewrite is the likelier cause. Nothing is waited for on an interrupt."""
         if not isinstance(exc, Exception):
-            self._held, self._held_seconds = [], 0.0
+            self._take_held()
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool, self._pending = None, []
@@ -382,8 +384,7 @@ class VerificationHook:
     def _replay_held(self) -> None:
         """After a failed pass (the model may be half rewritten): check the held runs that changed the model by
         replaying them from the last verified version (in the background; :meth:`wait` for the result)."""
-        held, self._held, self._held_seconds = self._held, [], 0.0
-        stage, self._held_stage = self._held_stage, None
+        held, stage = self._take_held()
         if not any(changed for _, _, _, changed in held):
             return
         runs = [(p, pol, iteration) for p, pol, iteration, _ in held]
@@ -463,12 +464,17 @@ class VerificationHook:
                 return False
         return True
 
+    def _take_held(self) -> tuple[list[tuple[Any, Policy, int | None, bool]], str | None]:
+        """The held runs and their stage, no longer held."""
+        held, stage = self._held, self._held_stage
+        self._held, self._held_stage, self._held_seconds = [], None, 0.0
+        return held, stage
+
     def _release(self, model: Model) -> None:
         """Check the held runs together on ``model`` (the version after the last of them), under their policy,
         named after the passes that changed the model (all of them if none said so); on a failure they are
         replayed one by one from the last verified version to name the first failing pass (as for a stage check)."""
-        held, self._held, self._held_seconds = self._held, [], 0.0
-        stage, self._held_stage = self._held_stage, None
+        held, stage = self._take_held()
         changed = [h for h in held if h[3]]
         named = changed or held
         names = list(dict.fromkeys(p.name for p, _, _, _ in named))
@@ -568,7 +574,7 @@ class VerificationHook:
         changed = len(change.nodes) if change else len(version)
         ran = len(outcome.region) if change else len(version)
         self._records.append(CheckRecord(label, stage, iteration, policy.describe(), changed, ran,
-                                         time.perf_counter() - t0, outcome.near_ties, outcome.runs))
+                                         time.perf_counter() - t0, outcome.near_ties, outcome.runs, pass_name))
         if outcome.near_ties:
             log.info("%s: %d float32 near-tie(s) accepted, e.g. %s", label, len(outcome.near_ties),
                      outcome.near_ties[0].describe())

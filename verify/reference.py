@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
-from custom_ops.common import by_rows
+from custom_ops.common import execute_by_rows
 from custom_ops.plan import release_memory
 from finnlite.datatypes import BaseDataType, is_integer_type
 from finnlite.errors import ConfigError
@@ -40,7 +40,7 @@ __all__ = ["ReferenceData", "ReferenceDataError", "InputSpec"]
 
 
 class _ByRows:
-    """A weight quantizer's kernel run a block of rows at a time (:func:`custom_ops.common.by_rows`), as the
+    """A weight quantizer's kernel run a block of rows at a time (:func:`custom_ops.common.execute_by_rows`), as the
     executor folds it: the same bits, without temporaries the size of the weight."""
 
     __slots__ = ("op",)
@@ -49,7 +49,7 @@ class _ByRows:
         self.op = op
 
     def execute(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        return [by_rows(lambda *a: self.op.execute(list(a))[0], *inputs)]
+        return [execute_by_rows(self.op, inputs)]
 
 
 class ReferenceDataError(ConfigError):
