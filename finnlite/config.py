@@ -35,8 +35,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from finnlite.errors import ConfigError, PassError
 from finnlite.passes import Pass, Transformation, get_pass, run_pass
 
@@ -157,6 +155,8 @@ def load_config(path: str | Path) -> Config:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("configuration file not found", file=str(path))
+    import yaml  # here, not at the top: a run without a configuration file does not pay its 2.4 MB
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
