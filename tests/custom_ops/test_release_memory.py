@@ -71,3 +71,24 @@ def test_trim_heap_is_a_no_op_off_glibc(monkeypatch):
 
     monkeypatch.setattr(memory, "_TRIM", False)
     assert memory.trim_heap() is False
+
+
+def test_anonymous_memory_counts_what_the_process_writes_not_the_libraries_it_maps():
+    """anonymous_memory grows by a new array's pages once they are written, and not by reading a file mapped in."""
+    import mmap
+    import tempfile
+
+    from finnlite.memory import anonymous_memory
+
+    before = anonymous_memory()
+    arr = np.ones(16 * MB // 4, dtype=np.float32)  # 16 MB, written
+    grown = anonymous_memory() - before
+    assert 15 * MB <= grown <= 18 * MB
+    with tempfile.TemporaryFile() as f:
+        f.write(b"\1" * (16 * MB))
+        f.flush()
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            before = anonymous_memory()
+            assert sum(m[i] for i in range(0, len(m), 4096)) == 4096  # every page read
+            assert anonymous_memory() - before < 2 * MB  # file-backed: not counted
+    del arr

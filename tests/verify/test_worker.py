@@ -278,14 +278,21 @@ def test_a_stopped_worker_is_reaped_in_the_background() -> None:
     pytest.fail(f"worker {pid} was not reaped")
 
 
-def test_the_worker_gives_memory_back_after_each_check(monkeypatch: pytest.MonkeyPatch,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("growth, releases", [(1, 3), (0, 0)])
+def test_the_worker_gives_memory_back_once_it_grew(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+                                                  growth: int, releases: int) -> None:
+    """After its set-up and after each check the worker gives memory back if its anonymous memory grew by
+    RELEASE_BYTES since it last did (here: by that much at every look, or never)."""
+    import itertools
+
     import verify.hook
     from tests.verify.test_hook import CommuteAdd, RenameNodes
 
     released = logging.getLogger("finnlite.test_worker.release")
     # inherited by the fork; the log comes back from the worker with its pid
     monkeypatch.setattr(verify.hook, "release_memory", lambda: released.warning("released in %d", os.getpid()))
+    looks = itertools.count()
+    monkeypatch.setattr(verify.hook, "anonymous_memory", lambda: next(looks) * growth * verify.hook.RELEASE_BYTES)
     model = add_relu()
     hook = VerificationHook(ReferenceData.random(model, n=2), background="process", coalesce=False)
     with caplog.at_level(logging.WARNING, logger="finnlite.test_worker.release"):
@@ -293,7 +300,7 @@ def test_the_worker_gives_memory_back_after_each_check(monkeypatch: pytest.Monke
         hook.wait()
     assert len(hook.records) == 2
     in_worker = [r for r in caplog.messages if r.startswith("released in") and r != f"released in {os.getpid()}"]
-    assert len(in_worker) == 2  # once after each check
+    assert len(in_worker) == releases  # after the set-up and after each check, or never
     hook.close()
 
 
