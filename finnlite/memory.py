@@ -13,11 +13,10 @@ trim returns in about a millisecond. :func:`trim_heap` is a no-op where the C li
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
 from typing import Any
 
-__all__ = ["trim_heap", "anonymous_memory"]
+__all__ = ["trim_heap", "anonymous_memory", "status_bytes"]
 
 #: glibc's malloc_trim, looked up once (False: not glibc, or not found)
 _TRIM: Any = None
@@ -43,16 +42,21 @@ def trim_heap() -> bool:
     return bool(trim(0)) if trim else False
 
 
-def anonymous_memory() -> int:
-    """The process's resident memory that no file backs, in bytes (``/proc/self/statm``: resident minus shared
-    pages; about 10 µs), or 0 where that cannot be read. Unlike the resident set it does not grow when the process
-    first runs library code it shares with others (a forked process faults those pages in as it goes)."""
+def status_bytes(field: str) -> int | None:
+    """A memory figure of this process from ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ``RssAnon``, ...), in
+    bytes; None where it cannot be read."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            fields = f.read().split()
-        return (int(fields[1]) - int(fields[2])) * _PAGE
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
     except (OSError, IndexError, ValueError):
-        return 0
+        pass
+    return None
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+def anonymous_memory() -> int:
+    """The process's resident memory that no file backs (``RssAnon``), in bytes, or 0 where that cannot be read.
+    Unlike the resident set it does not grow when the process first runs library code it shares with others (a
+    forked process faults those pages in as it goes)."""
+    return status_bytes("RssAnon") or 0

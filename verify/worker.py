@@ -45,6 +45,7 @@ import onnx
 import onnx_ir as ir
 
 from finnlite.io import to_proto_without
+from finnlite.memory import status_bytes
 from finnlite.model import Model, freeze
 from finnlite.tensors import DepthwiseWeight, content_crc, is_immutable
 
@@ -547,24 +548,12 @@ def _end(pid: int, outbox: queue.Queue, writer: threading.Thread, fds: tuple[int
             pass
 
 
-def _status_bytes(field: str) -> int | None:
-    """A memory figure of this process from /proc/self/status (VmRSS, VmHWM), in bytes; None where unreadable."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 _STOP = object()
 
 
 def _serve_forever(channel: _Channel, serve: Callable[[Any, list[np.ndarray]], Any]) -> None:
     gc.freeze()  # the inherited objects: a collection would touch (and so copy) every page they are on
-    start_rss = _status_bytes("VmRSS")  # what the fork mapped: shared with the parent until written
+    start_rss = status_bytes("VmRSS")  # what the fork mapped: shared with the parent until written
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
@@ -590,7 +579,7 @@ def _serve_forever(channel: _Channel, serve: Callable[[Any, list[np.ndarray]], A
         if item is None:
             return
         if item is _STOP:  # the last reply: how much memory this process added to what it shares with the parent
-            peak = _status_bytes("VmHWM")
+            peak = status_bytes("VmHWM")
             channel.write((("stopped", None if peak is None or start_rss is None else peak - start_rss), []))
             return
         request, buffers = item
