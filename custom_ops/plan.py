@@ -174,53 +174,6 @@ def shared_arena(opts: Any) -> Any:
     return opts
 
 
-#: a one-node session on the process-wide arena, kept to shrink it (release_memory), and the process that made it
-_SHRINKER: Any = None
-_SHRINKER_PID = 0
-
-#: onnxruntime sessions this process inherited from the one that forked it (the per-pass checks' worker): never run
-#: here, and never destroyed either, for the threads of their thread pools did not survive the fork: a run can wait
-#: for them for ever, and so can a destructor joining them. Kept until the process ends (it leaves by os._exit).
-_INHERITED: list[Any] = []
-
-
-def inherited(pid: int) -> bool:
-    """True if a session made in process ``pid`` belongs to another process than this one (it was forked since),
-    in which case the caller parks it in :data:`_INHERITED` and makes its own."""
-    return pid != os.getpid()
-
-
-def release_memory() -> None:
-    """Give back what the process-wide onnxruntime arena holds but does not use, then the free pages of the C heap
-    (:func:`finnlite.memory.trim_heap`). Memory only. The arena keeps the largest set of intermediates a run has
-    needed (about 12 MB for a MobileNet-v1 sample), which saves later sessions their first-touch page faults, so
-    call this only where a phase ends that will not run again soon: after the reference outputs are computed, after
-    per-pass verification, after the final check, and in the per-pass verification worker after each check (whose
-    regions differ from one check to the next: there it lowers the worker's peak more than it costs). onnxruntime
-    shrinks an arena at the end of a run that asks for it, and any session using the shared arena can ask: a tiny
-    Identity session does, on one float."""
-    global _SHRINKER, _SHRINKER_PID
-    from finnlite.memory import trim_heap
-
-    if _SHARED_ARENA:
-        import onnxruntime as ort
-
-        if _SHRINKER is not None and inherited(_SHRINKER_PID):
-            _INHERITED.append(_SHRINKER)
-            _SHRINKER = None
-        if _SHRINKER is None:
-            vi = helper.make_tensor_value_info
-            graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "finnlite_shrink",
-                                      [vi("x", onnx.TensorProto.FLOAT, [1])], [vi("y", onnx.TensorProto.FLOAT, [1])])
-            model = fix_ir_version(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), IR_VERSION)
-            options = ort.RunOptions()
-            options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-            _SHRINKER, _SHRINKER_PID = (make_session(model), options), os.getpid()
-        session, options = _SHRINKER
-        session.run(["y"], {"x": np.zeros(1, np.float32)}, options)
-    trim_heap()
-
-
 def make_session(model: onnx.ModelProto, threads: int | None = None, *, arena: bool = True) -> Any:
     """An onnxruntime CPU session for a region model, with :func:`session_options` (looked up at call time, so a
     study can swap it)."""
@@ -248,7 +201,6 @@ class RegionStep:
         self.constants, self.opsets, self.functions = constants, opsets, functions
         self.labels, self.threads, self.arena = labels, threads, arena
         self._session: Any = None
-        self._pid = 0  # the process that made the session
         self._fed: dict[str, np.ndarray] = {}
 
     def describe(self) -> str:
@@ -289,10 +241,8 @@ class RegionStep:
         builds executors for many regions of it). With graph optimizations and prepacking off, a weight computes
         the same whether it is an initializer or an input (qonnx feeds every weight as an input)."""
         feeds = {name: env[name] for name in self.inputs}
-        if self._session is not None and inherited(self._pid):
-            self.release()
         if self._session is None:
-            self._fed, self._pid = self.large_constants(), os.getpid()
+            self._fed = self.large_constants()
             try:
                 self._session = make_session(self.model(feeds, feed_large=True), self.threads, arena=self.arena)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
@@ -306,9 +256,7 @@ class RegionStep:
         env.update(zip(self.outputs, results))
 
     def release(self) -> None:
-        """Drop the session (it is made again at the next run; an inherited one is parked, see _INHERITED)."""
-        if self._session is not None and inherited(self._pid):
-            _INHERITED.append(self._session)
+        """Drop the session (it is made again at the next run)."""
         self._session, self._fed = None, {}
 
 
@@ -324,24 +272,18 @@ class NodeSessionStep:
         self.inputs = node_inputs(node)
         self.outputs = [t for t in node.output if t]
         self._sessions: dict[tuple, Any] = {}
-        self._pid = os.getpid()  # the process that made the sessions
 
     def describe(self) -> str:
         return f"own session: {self.label} ({self.node.op_type}, as qonnx runs it)"
 
     def release(self) -> None:
-        """Drop the sessions (made again at the next run; inherited ones are parked, see _INHERITED)."""
-        if inherited(self._pid):
-            _INHERITED.extend(self._sessions.values())
-            self._pid = os.getpid()
+        """Drop the sessions (made again at the next run)."""
         self._sessions.clear()
 
     def run(self, env: dict[str, np.ndarray]) -> None:
         import onnxruntime as ort
 
         feeds = {name: env[name] for name in self.inputs}
-        if inherited(self._pid):
-            self.release()
         key = tuple((name, a.dtype.str, a.shape) for name, a in feeds.items())
         session = self._sessions.get(key)
         if session is None:

@@ -29,9 +29,8 @@ import numpy as np
 
 from finnlite.config import DEFAULT_VERIFY_MODE, Config, load_config
 from finnlite.errors import ConfigError, VerificationError
-from finnlite.memory import trim_heap
 from finnlite.model import Model
-from finnlite.passes import PassManager, RunReport
+from finnlite.passes import PassManager
 from finnlite.validate import validate_model
 from finnlite.report import CheckRow, GraphPicture, StreamlineReport, VerificationResult, pass_timings
 
@@ -160,27 +159,19 @@ def make_reference(model: Model, config: Config, *, inputs: str | Path | None = 
 
 
 # -- the run -------------------------------------------------------------------------------------------------------
-class _Recorder:
-    """A pass-manager hook keeping the pass records and stage times (kept when a check stops the run)."""
+class _Progress:
+    """A pass-manager hook printing one line when a stage starts and one when it ends."""
 
-    def __init__(self, progress: Progress | None) -> None:
-        self.report = RunReport()
+    def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self._t0 = 0.0
 
     def before_stage(self, stage: Any, model: Model) -> None:
         self._t0 = time.perf_counter()
-        if self.progress is not None:
-            self.progress(f"[{stage.name}] {len(model)} nodes ...")
-
-    def after_pass(self, p: Any, model: Model, stage: Any, record: Any) -> None:
-        self.report.records.append(record)
+        self.progress(f"[{stage.name}] {len(model)} nodes ...")
 
     def after_stage(self, stage: Any, model: Model) -> None:
-        dt = time.perf_counter() - self._t0
-        self.report.stage_seconds[stage.name] = self.report.stage_seconds.get(stage.name, 0.0) + dt
-        if self.progress is not None:
-            self.progress(f"[{stage.name}] done in {dt:.2f} s, {len(model)} nodes")
+        self.progress(f"[{stage.name}] done in {time.perf_counter() - self._t0:.2f} s, {len(model)} nodes")
 
 
 def _safe(what: str, fn: Callable[[], Any]) -> Any:
@@ -220,8 +211,6 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
     ops_before = m.op_histogram()
     picture_before = _safe("graph picture", lambda: GraphPicture.of(m)) if extras else None
     cost_before = _safe("inference cost", lambda: inference_cost(m)) if extras else None
-    if extras:
-        trim_heap()  # the quantized weights the cost was counted on, freed: not kept resident through the run
 
     result = VerificationResult(mode)
     reference = None
@@ -230,7 +219,6 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
         reference, result.reference = make_reference(m, cfg, inputs=inputs, input_range=input_range,
                                                      samples=samples, seed=seed)
         result.samples = reference.num_samples
-        # what the checks need of the original, computed now; then its weights leave memory for the run
         from verify.hook import probe_samples
 
         reference.precompute(values=probe_samples(reference) if mode == "each" else 0)
@@ -238,26 +226,26 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
         if progress is not None:
             progress(f"reference data: {result.reference}")
 
-    recorder = _Recorder(progress)
     hook = VerificationHook(reference, **cfg.verification.hook_options()) if mode == "each" else None
+    hooks = [h for h in (_Progress(progress) if progress is not None else None, hook) if h is not None]
+    manager = PassManager(stage_list, hooks)
     error: VerificationError | None = None
-    run_report: RunReport = recorder.report
     t0 = time.perf_counter()
     try:
-        run_report = PassManager(stage_list, [recorder] + ([hook] if hook is not None else [])).run(m)
+        manager.run(m)
     except PassVerificationError as err:
         error = err
         result.failure = {"during": "pipeline", "pass": err.pass_name, "stage": err.stage, "iteration": err.iteration,
                           "node": err.node, "tensor": err.tensor, "max_error": err.max_error, "sample": err.sample,
                           "before_path": err.before_path, "after_path": err.after_path, "message": str(err)}
     seconds["pipeline"] = time.perf_counter() - t0
+    run_report = manager.report
     if hook is not None:
         result.checks = [CheckRow(r.pass_name or r.label, r.stage, r.iteration,
                                   r.policy, r.changed_nodes, r.region_nodes, len(r.near_ties), r.seconds)
                          for r in hook.records]
         result.seconds += hook.seconds
         hook.close()  # the cached tensor values are not needed by the final check: free them before it runs
-        result.worker_memory = hook.worker_memory
         if error is not None:
             f = result.failure or {}
             result.checks.append(CheckRow(f.get("pass") or "?", f.get("stage"), f.get("iteration"), "", None, None,

@@ -16,7 +16,6 @@ Progress goes to stderr; with ``--json`` stdout holds only the JSON. Exit codes:
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -30,34 +29,12 @@ from finnlite.errors import FinnliteError
 log = logging.getLogger("finnlite")
 #: exit code for an unexpected exception (a bug), distinct from 2 (bad input or usage) and 1 (failed verification)
 INTERNAL_ERROR = 3
-#: whether :func:`freeze_imports` froze the collector's objects (undone when the command ends)
-_FROZEN = False
 
 
 class _ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # usage errors: one line and exit code 2
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def freeze_imports() -> None:
-    """Exempt the objects alive now from the cyclic garbage collector's scans until the command ends
-    (``gc.freeze``; :func:`main` undoes it). Called by the commands once their libraries are imported and before
-    they load a model: the ~90,000 objects of onnx, onnxruntime, numpy and qonnx are never garbage, yet each full
-    collection walked them all (about 25 ms each; a pipeline run on MobileNet-v1 makes two or three). Garbage is
-    collected first, so that none is frozen; nothing a run creates, the model included, is frozen."""
-    global _FROZEN
-    gc.collect()
-    gc.freeze()
-    _FROZEN = True
-
-
-def _thaw() -> None:
-    """Undo :func:`freeze_imports` (for callers of :func:`main` in a longer-lived process: tests, notebooks)."""
-    global _FROZEN
-    if _FROZEN:
-        gc.unfreeze()
-        _FROZEN = False
 
 
 def _check_output_path(inp: Path, out: Path) -> None:
@@ -96,7 +73,6 @@ def cmd_streamline(args: argparse.Namespace) -> int:
     if report_path is not None and not (report_path.parent if str(report_path.parent) else Path(".")).is_dir():
         raise ConfigError("the report folder does not exist", file=str(report_path))
     config = _config(args)
-    freeze_imports()
     t0 = time.perf_counter()
     model = Model(inp)
     t_load = time.perf_counter() - t0
@@ -230,7 +206,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from finnlite.model import Model
     from verify import final_check
 
-    freeze_imports()
     original, candidate = Model(args.reference), Model(args.model)
     reference, described = make_reference(original, Config(), inputs=args.inputs, input_range=args.input_range,
                                           samples=args.samples, seed=args.seed)
@@ -259,7 +234,6 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from verify import bisect_pipeline
 
     config = _config(args)
-    freeze_imports()
     model = Model(args.input)
     validate_model(model)
     stages = config.build_stages(args.stages)
@@ -396,8 +370,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("FINNLITE_TRACEBACK"):
             raise
         return INTERNAL_ERROR
-    finally:
-        _thaw()
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ class VerificationConfig:
 
     def policy(self) -> Any:
         """The default verification policy for passes that declare none (verify's default if not configured)."""
-        from verify.policies import DEFAULT_POLICY, Tolerance
+        from finnlite.policies import DEFAULT_POLICY, Tolerance
 
         if self.tolerance is None:
             return replace(DEFAULT_POLICY, near_ties=self.near_ties)

@@ -26,7 +26,7 @@ import onnx_ir as ir
 
 from finnlite import io as model_io
 from finnlite.datatypes import BaseDataType, DataType, parse_datatype
-from finnlite.errors import DataTypeError, GraphError, ModelLoadError
+from finnlite.errors import DataTypeError, FixpointError, GraphError, ModelLoadError
 from finnlite.tensors import DepthwiseWeight, freeze, is_frozen  # noqa: F401 - freeze, is_frozen: re-exported
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,6 @@ class Model:
         #: when the graph lets go of it, not at the next rebuild of the index
         self._values: dict[str, weakref.ref[ir.Value] | None] = {}
         self._name_counter = itertools.count()
-        #: bytes of the arrays set as initializers so far (set_initializer): a pass that writes many new weights
-        #: has usually freed the old ones, which the pass manager then gives back (finnlite.memory)
-        self.initializer_bytes_set = 0
         self._remove_initializer_inputs()
         self._reindex()
         if check:
@@ -117,7 +114,6 @@ class Model:
         if len(keep) != len(self.graph.inputs):
             self.graph.inputs.clear()
             self.graph.inputs.extend(keep)
-            forget_removed_io(self.graph)
 
     def _reindex(self) -> None:
         values: dict[str, weakref.ref[ir.Value] | None] = {name: None for name, r in self._values.items() if r is None}
@@ -304,7 +300,6 @@ class Model:
         else:
             array = freeze(np.asarray(array))
             tensor, shape, dtype = ir.tensor(array, name=name), list(array.shape), _np_dtype_to_ir(array.dtype)
-            self.initializer_bytes_set += array.nbytes
         v = self.graph.initializers.get(name)
         if v is None:
             reserved = name in self._values and self._values[name] is None
@@ -540,14 +535,22 @@ class Model:
                     stack.append((nxt, iter(self.find_direct_predecessors(nxt))))
 
     # -- passes --------------------------------------------------------------------------------------------
-    def transform(self, transformation: Any, make_deepcopy: bool = False, cleanup: bool = False) -> "Model":
-        """Apply a pass in place and return ``self``, so that qonnx-style ``model = model.transform(SomePass())``
-        works. ``transformation`` is a finnlite pass, a qonnx Transformation or a function of the model (see
-        :func:`finnlite.passes.run_pass`). Unlike qonnx, nothing is deep-copied (``make_deepcopy`` is accepted for
-        compatibility and ignored) and ``cleanup=True`` runs :meth:`cleanup` afterwards."""
+    def transform(self, transformation: Any, make_deepcopy: bool = False, cleanup: bool = False,
+                  max_iterations: int = 100) -> "Model":
+        """Apply a pass in place until it changes nothing, as qonnx's ``ModelWrapper.transform`` does, and return
+        ``self``, so that ``model = model.transform(SomePass())`` works. ``transformation`` is a finnlite pass, a
+        qonnx Transformation or a function of the model (see :func:`finnlite.passes.run_pass`). Unlike qonnx,
+        nothing is deep-copied (``make_deepcopy`` is accepted for compatibility and ignored), and ``cleanup=True``
+        runs :meth:`cleanup` afterwards. A pass still changing the model after ``max_iterations`` runs raises
+        :class:`~finnlite.errors.FixpointError`."""
         from finnlite.passes import run_pass
 
-        run_pass(self, transformation)
+        for _ in range(max_iterations):
+            if not run_pass(self, transformation):
+                break
+        else:
+            name = getattr(transformation, "name", None) or getattr(transformation, "__name__", repr(transformation))
+            raise FixpointError(f"{name} still changed the model after {max_iterations} runs")
         if cleanup:
             self.cleanup()
         return self
@@ -607,18 +610,6 @@ def iter_values(model: Model) -> Iterable[ir.Value]:
     yield from model.graph.initializers.values()
     for node in model.graph:
         yield from node.outputs
-
-
-def forget_removed_io(graph: ir.Graph) -> None:
-    """Drop the entries onnx_ir's graph input/output lists keep for values no longer in them (a reference count
-    per value that stays in its Counter at 0). Such an entry keeps the value alive, with its constant — and a
-    constant read from a file keeps the whole loaded ModelProto alive after the pipeline has replaced it (the
-    zoo's exporters list every weight as a graph input: 17.7 MB for mobilenet_v1_4b, 44.8 MB for resnet18)."""
-    for io in (graph.inputs, graph.outputs):
-        counter = getattr(io, "_ref_counter", None)
-        if counter is not None:
-            for value in [v for v, n in counter.items() if n <= 0]:
-                del counter[value]
 
 
 #: tensors read from a proto with up to this many elements get a proto of their own (see :func:`detach_tensors`)

@@ -9,8 +9,9 @@
 * :class:`PassManager` runs ordered :class:`Stage` objects. A fixpoint stage repeats its passes until one full
   round changes nothing. Termination is guaranteed by cycle detection (a fingerprint of the graph after each round:
   seeing one twice means the passes oscillate) and a hard iteration cap; both raise :class:`FixpointError` naming
-  the passes that kept changing the graph. Every pass run is recorded (time, changed, rewrites, node counts), and
-  hooks (the verifier, progress display) are called around each pass.
+  the passes that kept changing the graph. Every pass run is recorded (time, changed, rewrites, node counts) in the
+  manager's :class:`RunReport`, which stays readable when a run fails; hooks (:class:`Hook`: the verifier, a progress
+  display) are called around each stage and pass.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
 from finnlite.errors import FixpointError, PassError
-from finnlite.memory import trim_heap
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -233,9 +233,7 @@ class Stage:
     how per-pass verification checks this stage by default: ``"pass"`` (None: each pass that changed something)
     or ``"stage"`` (what all its passes changed, at once, at its end; a failure is replayed pass by pass to name
     the first failing one). ``"stage"`` pays off when consecutive passes each rewrite the whole network, so that
-    every per-pass check would run all of it (see :class:`verify.hook.VerificationHook`). ``check_after``: with
-    ``"stage"``, names of passes after which what the stage changed so far is checked at once, without waiting for
-    the end (a background check then overlaps the stage's remaining passes)."""
+    every per-pass check would run all of it (see :class:`verify.hook.VerificationHook`)."""
 
     name: str
     passes: Sequence[Pass | type[Pass] | str]
@@ -243,7 +241,6 @@ class Stage:
     max_iterations: int = 100
     verification: Any = None
     granularity: str | None = None
-    check_after: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if self.granularity not in (None, "pass", "stage"):
@@ -285,25 +282,27 @@ class RunReport:
 
 
 class Hook(Protocol):
-    """Called by the manager; every method is optional."""
+    """What the manager calls on its hooks, in this order; a hook defines only the methods it needs."""
 
+    def before_stage(self, stage: Stage, model: "Model") -> None: ...
     def before_pass(self, p: Pass, model: "Model", stage: Stage) -> None: ...
     def after_pass(self, p: Pass, model: "Model", stage: Stage, record: PassRecord) -> None: ...
-
-
-#: after a pass that set at least this many bytes of new initializers (it replaced weights: the old ones are
-#: free now), the free pages of the C heap go back to the system (finnlite.memory.trim_heap, ~0.1 ms): otherwise
-#: each such pass leaves its weights' old places resident, and the next one's new arrays do not always fit there
-TRIM_AFTER_BYTES = 1 << 20
+    def after_stage(self, stage: Stage, model: "Model") -> None: ...
+    def after_run(self, model: "Model", report: RunReport) -> None: ...
+    def on_error(self, exc: BaseException) -> None:
+        """The run failed with ``exc``; the hook may raise another error in its place (chained to it)."""
 
 
 class PassManager:
-    """Runs stages of passes on a model in place (see the module docstring)."""
+    """Runs stages of passes on a model in place (see the module docstring). ``report`` is the record of the
+    current or last run, partial if that run failed; ``current`` is the pass being run and its stage (after a
+    failure: the pass that failed, or whose check failed)."""
 
     def __init__(self, stages: Iterable[Stage], hooks: Iterable[Any] = ()) -> None:
         self.stages = list(stages)
         self.hooks = list(hooks)
-        self._trimmed_at = (0, 0)  # (id of the model, its initializer_bytes_set) at the last trim
+        self.report = RunReport()
+        self.current: tuple[Pass, Stage] | None = None
 
     def _call(self, method: str, *args: Any) -> None:
         for hook in self.hooks:
@@ -312,17 +311,12 @@ class PassManager:
                 fn(*args)
 
     def _run_one(self, p: Pass, model: "Model", stage: Stage, iteration: int, report: RunReport) -> bool:
+        self.current = (p, stage)
         self._call("before_pass", p, model, stage)
         n0 = len(model)
         t0 = time.perf_counter()
         changed = bool(p.apply(model))
-        dt = time.perf_counter() - t0
-        written = getattr(model, "initializer_bytes_set", 0)
-        since = written - self._trimmed_at[1] if self._trimmed_at[0] == id(model) else written
-        if since >= TRIM_AFTER_BYTES:
-            self._trimmed_at = (id(model), written)
-            trim_heap()
-        rec = PassRecord(stage.name, p.name, iteration, dt, changed, n0, len(model),
+        rec = PassRecord(stage.name, p.name, iteration, time.perf_counter() - t0, changed, n0, len(model),
                          getattr(p, "rewrites", None))
         report.records.append(rec)
         self._call("after_pass", p, model, stage, rec)
@@ -356,15 +350,13 @@ class PassManager:
                                     f"passes still changing the graph: {', '.join(names)}")
         for p in passes:
             report.misses.extend(getattr(p, "misses", []))
-        trim_heap()  # what the stage freed (replaced weights, temporaries) leaves the peak of the stages after it
         report.stage_seconds[stage.name] = report.stage_seconds.get(stage.name, 0.0) + time.perf_counter() - t0
         self._call("after_stage", stage, model)
 
     def run(self, model: "Model") -> RunReport:
-        """Run every stage in order on ``model`` (in place) and return the record of what happened. Hooks may
-        define ``after_run(model, report)``, called at the end, and ``on_error(exc)``, called when the run fails
-        (a hook may raise another error in its place, chained to it)."""
-        report = RunReport()
+        """Run every stage in order on ``model`` (in place) and return the record of what happened (also kept in
+        ``self.report``, partial if the run fails). Hooks are called as :class:`Hook` says."""
+        report = self.report = RunReport()
         try:
             for stage in self.stages:
                 self.run_stage(stage, model, report)
@@ -372,4 +364,5 @@ class PassManager:
             self._call("on_error", exc)
             raise
         self._call("after_run", model, report)
+        self.current = None
         return report

@@ -351,9 +351,6 @@ class VerificationResult:
     failure: dict[str, Any] | None = None
     final: Any = None
     seconds: float = 0.0
-    #: the per-pass checks' worker process: its peak memory beyond the pages it shared with this process, in bytes
-    #: (None when the checks ran in this process)
-    worker_memory: int | None = None
 
     @property
     def ok(self) -> bool | None:
@@ -392,7 +389,7 @@ class VerificationResult:
                                   "max_error64": o.max_error64, "unit": o.unit} for o in self.final.outputs],
                      "near_tie_sites": [s.describe() for s in self.final.tie_sites]}
         return {"mode": self.mode, "ok": self.ok, "reference": self.reference, "samples": self.samples,
-                "seconds": self.seconds, "worker_memory": self.worker_memory,
+                "seconds": self.seconds,
                 "checks": [vars(c) for c in self.checks], "failure": self.failure, "final": final}
 
 

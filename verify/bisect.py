@@ -5,39 +5,30 @@ The pipeline is replayed on a copy of the model with a :class:`~verify.hook.Veri
 first pass whose result does not match its input on the reference data. If that pass is a
 :class:`~finnlite.passes.Rule`, it is re-applied to the model as it was before the pass with ``max_rewrites = k``,
 and the least ``k`` whose result fails the same check (found by binary search) is the first bad rewrite; the
-rule's ``on_rewrite`` callback names the nodes it matched.
-
-Command line (on the default pipeline of :mod:`streamline.pipeline`)::
-
-    python -m verify.bisect model.onnx [--inputs data.npz | --range LO HI --samples N --seed S] [--stages a,b]
-
-It prints what it found and exits 1 if a pass breaks equivalence, 0 if none does, 2 for bad input.
+rule's ``on_rewrite`` callback names the nodes it matched. The command line is ``finnlite bisect``.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import logging
-import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import onnx_ir as ir
 
-from finnlite.errors import FinnliteError
 from finnlite.model import Model, as_model
-from finnlite.passes import Pass, PassManager, Rule, Stage
+from finnlite.passes import PassManager, Rule, Stage
 from verify.hook import PassVerificationError, VerificationHook
 from verify.verifier import CheckOutcome
-from verify.policies import DEFAULT_POLICY, Policy, resolve_policy
+from finnlite.policies import DEFAULT_POLICY, Policy, resolve_policy
 from verify.reference import ReferenceData
 from verify.region import node_label
 from verify.ties import DEFAULT_NEAR_TIE_RTOL
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BisectResult", "bisect_pipeline", "main"]
+__all__ = ["BisectResult", "bisect_pipeline"]
 
 
 @dataclass
@@ -72,20 +63,6 @@ class BisectResult:
         return "\n".join(lines)
 
 
-class _Recorder:
-    """Remembers the pass being run, its stage and its record (a hook placed before the verifier)."""
-
-    def __init__(self) -> None:
-        self.current: tuple[Pass, Stage] | None = None
-        self.record: Any = None
-
-    def before_pass(self, p: Pass, model: Model, stage: Stage) -> None:
-        self.current, self.record = (p, stage), None
-
-    def after_pass(self, p: Pass, model: Model, stage: Stage, record: Any) -> None:
-        self.record = record
-
-
 def _describe_match(match: Any) -> str:
     if isinstance(match, ir.Node):
         return f"{match.op_type} '{node_label(match)}'"
@@ -108,40 +85,33 @@ def _trial(rule: Rule, before: Model, k: int) -> tuple[Model, list[Any]]:
     return trial, matches
 
 
-def bisect_pipeline(model: Any, stages: Sequence[Stage] | None = None, reference: ReferenceData | None = None, *,
+def bisect_pipeline(model: Any, stages: Sequence[Stage], reference: ReferenceData | None = None, *,
                     samples: int = 4, policy: Policy = DEFAULT_POLICY,
                     near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL) -> BisectResult:
-    """Replay ``stages`` (default: :func:`streamline.pipeline.default_stages`) on a copy of ``model`` and find the
-    first pass and rewrite that break equivalence (module docstring). ``reference`` defaults to 8 random samples in
-    [-1, 1]."""
-    if stages is None:
-        from streamline.pipeline import default_stages
-
-        stages = default_stages()
+    """Replay ``stages`` on a copy of ``model`` and find the first pass and rewrite that break equivalence (module
+    docstring). ``reference`` defaults to 8 random samples in [-1, 1]."""
     work = as_model(model).copy()
     reference = reference or ReferenceData.random(work, n=max(samples, 8))
-    recorder = _Recorder()
-    # checked pass by pass in this thread: the failing pass must be the one the recorder saw last
-    hook = VerificationHook(reference, samples=samples, policy=policy, near_tie_rtol=near_tie_rtol, background=False)
+    hook = VerificationHook(reference, samples=samples, policy=policy, near_tie_rtol=near_tie_rtol)
+    manager = PassManager(stages, [hook])
     try:
-        PassManager(stages, [recorder, hook]).run(work)
+        manager.run(work)
     except PassVerificationError as err:
-        assert recorder.current is not None and hook.verifier is not None
-        p, stage = recorder.current
+        assert manager.current is not None and hook.verifier is not None
+        p, stage = manager.current
         result = BisectResult(False, err.stage, err.pass_name, err.iteration, message=str(err), node=err.node,
                               tensor=err.tensor, error=err)
         if isinstance(p, Rule):
-            _bisect_rule(p, resolve_policy(p, stage, policy), hook, recorder, result)
+            record = manager.report.records[-1] if manager.report.records else None
+            _bisect_rule(p, resolve_policy(p, stage, policy), hook, getattr(record, "rewrites", None), result)
         return result
     return BisectResult(True)
 
 
-def _bisect_rule(rule: Rule, policy: Policy, hook: VerificationHook, recorder: _Recorder,
-                 result: BisectResult) -> None:
+def _bisect_rule(rule: Rule, policy: Policy, hook: VerificationHook, total: int | None, result: BisectResult) -> None:
     verifier = hook.verifier
     assert verifier is not None
     before = verifier.snapshot.model
-    total = getattr(recorder.record, "rewrites", None)
     if not total:
         _, matches = _trial(rule, before, 10**9)
         total = len(matches)
@@ -167,47 +137,3 @@ def _bisect_rule(rule: Rule, policy: Policy, hook: VerificationHook, recorder: _
     result.rewrite, result.rewrites = lo, total
     result.match = _describe_match(matches[lo - 1]) if len(matches) >= lo else None
     result.message, result.node, result.tensor = outcome.message, outcome.node, outcome.tensor
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The ``python -m verify.bisect`` command (module docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m verify.bisect", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", help="the QONNX model (.onnx)")
-    parser.add_argument("--inputs", help="reference inputs (.npy or .npz keyed by input name)")
-    parser.add_argument("--range", nargs=2, type=float, default=(-1.0, 1.0), metavar=("LO", "HI"))
-    parser.add_argument("--samples", type=int, default=8, help="random samples to draw (default 8)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--stages", help="comma-separated stage names to run (default: all)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        from streamline.pipeline import default_stages
-
-        model = Model(args.model)
-        stages = default_stages()
-        if args.stages:
-            names = [s.strip() for s in args.stages.split(",") if s.strip()]
-            unknown = set(names) - {s.name for s in stages}
-            if unknown:
-                print(f"error: unknown stage(s) {sorted(unknown)}; the stages are {[s.name for s in stages]}",
-                      file=sys.stderr)
-                return 2
-            stages = [s for s in stages if s.name in names]
-        if args.inputs:
-            reference = ReferenceData.load(model, args.inputs)
-        else:
-            reference = ReferenceData.random(model, n=args.samples, seed=args.seed, low=args.range[0],
-                                             high=args.range[1])
-        result = bisect_pipeline(model, stages, reference, samples=min(args.samples, reference.num_samples))
-    except FinnliteError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except ImportError as exc:
-        print(f"error: the streamlining pipeline is not available ({exc})", file=sys.stderr)
-        return 2
-    print(result.text())
-    return 0 if result.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

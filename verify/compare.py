@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from finnlite.datatypes import is_integer_type
-from verify.policies import Equality, Policy, Tolerance
+from finnlite.policies import Equality, Policy, Tolerance
 
 __all__ = ["TensorDiff", "compare_tensor", "quant_step", "is_integer_tensor", "fits_datatype"]
 

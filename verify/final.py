@@ -33,7 +33,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from custom_ops.plan import release_memory
 from finnlite.errors import VerificationError
 from finnlite.model import Model, as_model
 from verify.compare import is_integer_tensor, quant_step
@@ -331,7 +330,6 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     extra = [t[0] for t in tails.values() if t is not None]
     # the streamlined model first, its executor dropped before the original's are built: never both in memory
     got = _executor(m, extra).run(reference.inputs, release=True)  # run once: one session alive at a time
-    release_memory()  # that executor's weight copies and the largest run's intermediates
     ref32 = reference.outputs(np.float32)
     lazy64 = _LazyFloat64(reference, b0) if float64 == "mismatch" else None
     try:

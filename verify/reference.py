@@ -7,18 +7,14 @@ demand, every intermediate tensor. Inputs come from a stated range and seed (:me
 the user's ``.npy``/``.npz`` files (:meth:`ReferenceData.load`); user data is validated against the model's inputs
 (names, shapes, dtypes, finiteness, integer datatypes) with errors that say what is wrong.
 
-Memory: the snapshot shares the model's frozen weight arrays (a weight the pipeline replaces stays alive only
-through the snapshot). :meth:`ReferenceData.precompute` computes with one executor what the checks will ask of the
-original (its float32 outputs, and every tensor on the samples the per-pass checks use), then moves the original's
-weights to an unlinked temporary file: they are memory-mapped back only when the original has to run again (float64
-runs and near-tie analysis after a mismatch), so the original costs no memory while the pipeline runs.
+The snapshot shares the model's frozen weight arrays (a weight the pipeline replaces stays alive only through the
+snapshot). :meth:`ReferenceData.precompute` computes with one executor what the checks will ask of the original (its
+float32 outputs, and every tensor on the samples the per-pass checks use), then drops that executor.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -26,7 +22,6 @@ import numpy as np
 import onnx
 
 from custom_ops.common import execute_by_rows
-from custom_ops.plan import release_memory
 from finnlite.datatypes import BaseDataType, is_integer_type
 from finnlite.errors import ConfigError
 from finnlite.model import Model, as_model, freeze, is_frozen
@@ -109,68 +104,25 @@ def _split(model: Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 
 class _Weights:
-    """The original model's large initializers, shared by a ReferenceData and its subsets: in memory, or (after
-    :meth:`spill`) in an unlinked temporary file, memory-mapped back by :meth:`arrays` for as long as the arrays
-    it returns are alive."""
+    """The original model's large initializers, shared by a ReferenceData and its subsets."""
 
     def __init__(self, arrays: dict[str, np.ndarray]) -> None:
         self._arrays = arrays
-        self._file: Any = None
-        self._layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
-
-    @property
-    def spilled(self) -> bool:
-        return self._file is not None
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The weights by name, as read-only arrays."""
-        if self._file is None:
-            return dict(self._arrays)
-        if not self._layout:
-            return {}
-        mapped = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-        return {name: np.frombuffer(mapped, dtype, count=int(np.prod(shape, dtype=np.int64)), offset=offset)
-                .reshape(shape) for name, (offset, dtype, shape) in self._layout.items()}
+        return dict(self._arrays)
 
     #: onnxruntime quantizing a weight inside a session grows its arena by about three times that weight (the
-    #: quantizer's chain of elementwise ops: 7.5 MB for cnv's 2.4 MB weight); folding costs the quantized copies
+    #: quantizer's chain of elementwise ops); folding costs the quantized copies
     FOLD_RATIO = 3.0
 
     def folding_is_smaller(self) -> bool:
         """Whether folding the weight quantizers (a quantized copy of every weight, made block by block) takes less
         memory than quantizing inside the sessions at each run (about :data:`FOLD_RATIO` times the largest
-        weight): true for a network whose weights are a few similar layers (cnv: 6.3 MB, the largest 2.4 MB),
-        false for a deep one (MobileNet-v1: 17 MB, the largest 4.2 MB)."""
-        if self._file is None:
-            sizes = [a.nbytes for a in self._arrays.values()]
-        else:
-            sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
-                     for _, dt, shape in self._layout.values()]
+        weight): true for a network whose weights are a few similar layers, false for a deep one."""
+        sizes = [a.nbytes for a in self._arrays.values()]
         return bool(sizes) and sum(sizes) <= self.FOLD_RATIO * max(sizes)
-
-    def spill(self) -> bool:
-        """Write the weights to an unlinked temporary file and drop them from memory; False (kept in memory, with a
-        warning) if the file cannot be written."""
-        if self._file is not None or not self._arrays:
-            return self._file is not None
-        layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
-        try:
-            fh = tempfile.TemporaryFile(prefix="finnlite-original-")
-            offset = 0
-            for name, arr in self._arrays.items():
-                pad = (-offset) % 64
-                fh.write(b"\0" * pad)
-                offset += pad
-                np.ascontiguousarray(arr).tofile(fh)
-                layout[name] = (offset, arr.dtype, tuple(arr.shape))
-                offset += arr.nbytes
-            fh.flush()
-        except OSError as exc:
-            log.warning("could not move the original model's weights to a temporary file (%s); they stay in memory",
-                        exc)
-            return False
-        self._file, self._layout, self._arrays = fh, layout, {}
-        return True
 
 
 class ReferenceData:
@@ -394,7 +346,7 @@ class ReferenceData:
     def executor(self, dtype: Any = np.float32, *, fold: bool = False) -> Any:
         """The oracle for the original model in ``dtype`` (built once per dtype and ``fold``). Without ``fold`` its
         large weight quantizers run at each run (``Executor(fold_large=False)``): folded, they would double the
-        weights in memory (17.7 MB for MobileNet-v1) while the pipeline's model still holds them. ``fold``: they
+        weights in memory while the pipeline's model still holds them. ``fold``: they
         are folded (for the float64 runs that return every tensor, whose results then share the quantized weights
         instead of holding a copy per sample).
 
@@ -421,8 +373,7 @@ class ReferenceData:
     def values(self, i: int, dtype: Any = np.float32) -> SampleValues:
         """Every tensor of the original model on sample ``i`` (inputs, constants, node outputs), computed once. In
         float32 the quantized weights are held as their quantizers on the original's weights (:class:`Recompute`
-        entries, made when read): each would otherwise be a copy of a weight for the whole run (ResNet-18: 45 MB),
-        while the pipeline folds them in its first stage and the checks seldom read them before."""
+        entries, made when read): each would otherwise be a copy of a weight for the whole run, while the pipeline folds them in its first stage and the checks seldom read them before."""
         key = (np.dtype(dtype).name, i)
         if key not in self._values:
             self._values[key] = self._all_tensors(i, dtype)
@@ -446,25 +397,16 @@ class ReferenceData:
             dict.__setitem__(values, name, Recompute(_ByRows(op), list(args), shape, np.float32))
         return values
 
-    def forget_values(self) -> None:
-        """Drop every tensor value computed so far (:meth:`values`; computed again if asked for). A process that
-        forked the per-pass checks' worker calls it: the worker took the precomputed values as they were."""
-        self._values.clear()
-
-    def precompute(self, values: int = 0, *, spill: bool = True) -> None:
+    def precompute(self, values: int = 0) -> None:
         """Compute now, with one float32 executor of the original, its outputs on every sample and (for per-pass
         verification) every tensor on the first ``values`` samples (its quantized weights as recomputations, see
-        :meth:`values`); then drop that executor and its folded constants and, with ``spill``, move the
-        original's weights out of memory (module docstring). Nothing changes in what the other methods return;
-        after a spill they read the weights back from the file."""
+        :meth:`values`); then drop that executor and its folded constants. Nothing changes in what the other
+        methods return."""
         for i in range(min(values, self.num_samples)):
             self.values(i)
         self.outputs(np.float32)
         for fold in (False, True):
             self._executors.pop((np.dtype(np.float32).name, fold), None)
-        if spill:
-            self._weights.spill()
-        release_memory()  # the folded weights and the runs' intermediates (custom_ops.plan.release_memory)
 
     def __repr__(self) -> str:
         return f"<ReferenceData {self.source}: {self.num_samples} samples of {[s.name for s in self.specs]}>"

@@ -67,7 +67,7 @@ class Overhead:
 
 
 def measure_overhead(model: Any, stages: Any, reference: ReferenceData, *, samples: int | None = None,
-                     granularity: str = "pass", background: bool | str = True) -> Overhead:
+                     granularity: str = "pass") -> Overhead:
     """Run the pipeline on two copies of ``model``: once plain, once with a verification hook (``samples`` and
     ``granularity`` as for :class:`~verify.hook.VerificationHook`); ``stages`` is a list of stages or a function
     returning a fresh one (passes may keep state)."""
@@ -77,9 +77,9 @@ def measure_overhead(model: Any, stages: Any, reference: ReferenceData, *, sampl
     PassManager(make(), []).run(plain)
     t_plain = time.perf_counter() - t0
     verified = Model(model.to_proto() if isinstance(model, Model) else model, check=False)
-    hook = VerificationHook(reference, samples=samples, granularity=granularity, background=background)
+    hook = VerificationHook(reference, samples=samples, granularity=granularity)
     t0 = time.perf_counter()
     PassManager(make(), [hook]).run(verified)
     t_verified = time.perf_counter() - t0
-    hook.close()  # the cached values, and the worker process if any: not left to the next measurement
+    hook.close()
     return Overhead(t_plain, t_verified, len(hook.records), hook.setup_seconds)

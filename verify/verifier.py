@@ -7,12 +7,12 @@ How it stays cheap without missing a wrong rewrite:
 * The nodes of a new version whose signature (op, attributes, tensor names, initializer contents) the old version
   lacks form the *region* (:mod:`verify.region`). Only the region is run, on the cached values of the tensors it
   reads, and every tensor it computes that the old version also had must match its cached value under the policy
-  (:mod:`verify.policies`); everything outside the region computes what it computed before on the same inputs.
+  (:mod:`finnlite.policies`); everything outside the region computes what it computed before on the same inputs.
   When a differing tensor (or one in another layout) reaches unchanged nodes, they are run too, until the values
   re-converge or a graph output differs (:meth:`Verifier.check`).
 * Matching tensors keep their cached values (the cache stays anchored to the original model's values, so
   tolerances never accumulate from pass to pass); tensors new in the region get the values it computed.
-* A :class:`~verify.policies.Metric` policy is global: the whole model is run on the metric's data and the cache is
+* A :class:`~finnlite.policies.Metric` policy is global: the whole model is run on the metric's data and the cache is
   rebuilt.
 """
 
@@ -29,7 +29,7 @@ from finnlite.errors import FinnliteError
 from finnlite.model import Model
 from verify.cache import SampleValues
 from verify.compare import TensorDiff, compare_tensor, is_integer_tensor, quant_step
-from verify.policies import Metric, Policy
+from finnlite.policies import Metric, Policy
 from verify.reference import ReferenceData
 from verify.region import (Change, Fingerprints, Snapshot, ancestors, constant_tensors, descendants, find_change, hull,
                            node_label, node_signature, run_nodes, topo_order)

@@ -84,29 +84,6 @@ def test_streamline_json_is_the_only_stdout(example_path: Path, tmp_path: Path, 
     assert "[tidy]" in res.stderr  # progress still goes to stderr
 
 
-def test_streamline_freezes_the_libraries_objects_for_the_run_only(example_path: Path, tmp_path: Path, cli,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """The command exempts what is alive before the model loads from garbage collection while it runs, and undoes
-    it when it returns."""
-    import gc
-
-    import finnlite.build
-
-    seen: dict[str, object] = {}
-    real = finnlite.build.streamline
-
-    def spy(model, *args, **kwargs):
-        seen["frozen"] = gc.get_freeze_count()
-        return real(model, *args, **kwargs)
-
-    monkeypatch.setattr(finnlite.build, "streamline", spy)
-    assert gc.get_freeze_count() == 0
-    res = cli(["streamline", example_path, "-o", tmp_path / "out.onnx", "--verify", "off"])
-    assert res.returncode == 0, res.stderr
-    assert seen["frozen"] > 10_000  # the imported libraries' objects
-    assert gc.get_freeze_count() == 0
-
-
 def test_streamline_verify_off_and_options(example_path: Path, tmp_path: Path, cli) -> None:
     npz = tmp_path / "x.npz"
     np.savez(npz, x=np.random.default_rng(1).uniform(0, 1, (3, 1, 1, 28, 28)).astype(np.float32))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -134,10 +133,8 @@ def test_the_layout_of_a_150_node_graph_is_readable() -> None:
     model = _big_graph()
     assert len(model) == 150
     pic = GraphPicture.of(model)
-    t0 = time.perf_counter()
     lay = pic.layout()
     svg = pic.svg()
-    assert time.perf_counter() - t0 < 5.0
     ET.fromstring(svg)
     boxes = {b.key for b in pic.boxes}
     width = {k: (_BOX_W if k in boxes else _LANE_W) for k in lay.centers}

@@ -10,7 +10,7 @@ from finnlite import Rule, Stage, Transformation
 from tests.verify.graphs import GraphBuilder, const
 from tests.verify.test_hook import CommuteAdd, NoChange, RenameNodes
 from verify import ReferenceData, bisect_pipeline
-from verify.bisect import main
+from finnlite.cli import main
 
 
 def _adds(n: int = 6):
@@ -82,5 +82,5 @@ def test_bisect_of_a_clean_pipeline() -> None:
 
 
 def test_command_line_reports_bad_input(tmp_path: Path, capsys) -> None:
-    assert main([str(tmp_path / "missing.onnx")]) == 2
+    assert main(["bisect", str(tmp_path / "missing.onnx"), "-q"]) == 2
     assert "error:" in capsys.readouterr().err

@@ -66,14 +66,12 @@ def test_verified_run_and_overhead() -> None:
     ref = ReferenceData.random(model, n=4)
     run = verified_run(model, [Stage("s", [RenameNodes, FoldBatchNorm])], ref)
     assert run.final.ok and "final check" in run.summary()
-    # each pass checked, on its own or (coalesced while the checks ran behind) with the other
-    assert [r.label for r in run.hook.records] in (["pass 'RenameNodes'", "pass 'FoldBatchNorm'"],
-                                                   ["passes 'RenameNodes', 'FoldBatchNorm'"])
+    assert [r.label for r in run.hook.records] == ["pass 'RenameNodes'", "pass 'FoldBatchNorm'"]
     with pytest.raises(PassVerificationError):
         verified_run(add_relu(), [Stage("s", [AddSelf])])
     fresh = batchnorm()
     overhead = measure_overhead(fresh, lambda: [Stage("s", [FoldBatchNorm])], ReferenceData.random(fresh, n=4))
-    assert overhead.checks == 1 and overhead.plain_seconds > 0 and "per-pass verification" in overhead.text()
+    assert overhead.checks == 1 and "per-pass verification" in overhead.text()
     assert len(fresh) == 1 and const(fresh, fresh.get_node_from_name("bn0").inputs[1]) is not None  # untouched
 
 

@@ -380,20 +380,6 @@ def test_stage_granularity_checks_once_and_replays_to_name_the_pass() -> None:
     assert (info.value.pass_name, info.value.stage, info.value.node) == ("AddSelf", "mixed", "renamed_Add_0")
 
 
-def test_a_stage_checkpoint_checks_what_came_before_it_at_once() -> None:
-    from tests.verify.test_wrong_rewrites import AddSelf
-
-    model = add_relu()
-    hook = VerificationHook(ReferenceData.random(model, n=2))
-    stage = Stage("s", [CommuteAdd, RenameNodes, CommuteAdd, RenameNodes], granularity="stage",
-                  check_after=("RenameNodes",))
-    PassManager([stage], [hook]).run(model)
-    assert [r.label for r in hook.records] == ["stage 's' up to 'RenameNodes'"] * 2
-    bad = Stage("b", [CommuteAdd, RenameNodes, AddSelf, CommuteAdd], granularity="stage", check_after=("RenameNodes",))
-    with pytest.raises(PassVerificationError, match=r"pass 'AddSelf' \(stage 'b'\) broke equivalence"):
-        PassManager([bad], [hook]).run(model)
-
-
 def test_granularity_off_checks_nothing() -> None:
     from tests.verify.test_wrong_rewrites import AddSelf
 
@@ -463,7 +449,7 @@ def test_a_change_of_encoding_that_reconverges_passes() -> None:
     for xnor in (True, False):  # the XNOR op refuses the stale bipolar values: the region is widened first
         rule = type("BinaryEncodingX" if xnor else "BinaryEncodingM", (BinaryEncoding,), {"xnor": xnor})
         model = _bipolar_matmul()
-        hook = VerificationHook(ReferenceData.random(model, n=4), policy=Equality(), background="thread")
+        hook = VerificationHook(ReferenceData.random(model, n=4), policy=Equality())
         PassManager([Stage("lower", [rule])], [hook]).run(model)
         (rec,) = hook.records
         assert (rec.changed_nodes, rec.region_nodes) == (4, 5)  # the unchanged Identity had to be run too
@@ -576,7 +562,7 @@ class ToNHWC(Transformation):
 
 def test_a_layout_change_is_verified_through_unchanged_elementwise_nodes() -> None:
     model = _conv_relu("Conv")
-    hook = VerificationHook(ReferenceData.random(model, n=2), policy=Equality(), background="thread")
+    hook = VerificationHook(ReferenceData.random(model, n=2), policy=Equality())
     PassManager([Stage("lower", [ToNHWC])], [hook]).run(model)
     (rec,) = hook.records
     assert rec.region_nodes == rec.changed_nodes + 1  # the unchanged Relu ran on the NHWC tensor
@@ -595,7 +581,7 @@ def test_a_layout_sensitive_reader_left_unchanged_is_caught() -> None:
     assert (info.value.node, info.value.tensor) == ("conv2", "out")
 
 
-# -- checks in the background (worker process or thread) ---------------------------------------------------------------
+# -- failures and crashes ------------------------------------------------------------------------------------------------
 class Crash(Transformation):
     """A pass that fails on any graph (as a later pass may on a graph a wrong rewrite broke)."""
 
@@ -603,12 +589,11 @@ class Crash(Transformation):
         raise RuntimeError("this pass cannot handle the graph")
 
 
-@pytest.mark.parametrize("background", ["process", "thread", False])
-def test_a_failure_names_its_pass_though_later_passes_ran(background: bool | str) -> None:
+def test_a_failure_stops_the_run_before_the_next_pass() -> None:
     from tests.verify.test_wrong_rewrites import AddSelf
 
     model = add_relu()
-    hook = VerificationHook(ReferenceData.random(model, n=2), background=background)
+    hook = VerificationHook(ReferenceData.random(model, n=2))
     ran: list[str] = []
 
     class Later(Transformation):
@@ -620,31 +605,19 @@ def test_a_failure_names_its_pass_though_later_passes_ran(background: bool | str
         PassManager([Stage("a", [CommuteAdd, AddSelf, Later]), Stage("b", [Later])], [hook]).run(model)
     assert info.value.pass_name == "AddSelf" and info.value.node == "add0"
     assert [r.label for r in hook.records] == ["pass 'CommuteAdd'"]  # nothing after the failure was accepted
-    if not background:
-        assert ran == []  # checked before the next pass started
+    assert ran == []  # checked before the next pass started
 
 
-def test_a_pending_failure_is_reported_ahead_of_a_later_crash() -> None:
+def test_a_failure_is_reported_before_a_later_crash() -> None:
     from tests.verify.test_wrong_rewrites import AddSelf
 
     model = add_relu()
     hook = VerificationHook(ReferenceData.random(model, n=2))
-    with pytest.raises(PassVerificationError, match=r"pass 'AddSelf'") as info:
+    with pytest.raises(PassVerificationError, match=r"pass 'AddSelf'"):
         PassManager([Stage("a", [AddSelf, Crash])], [hook]).run(model)
-    assert isinstance(info.value.__cause__, RuntimeError)  # the crash is kept as the cause
     clean = add_relu()
     with pytest.raises(RuntimeError, match="cannot handle"):  # with nothing wrong before it, the crash itself
         PassManager([Stage("a", [CommuteAdd, Crash])], [VerificationHook(ReferenceData.random(clean, n=2))]).run(clean)
-
-
-def test_background_and_foreground_checks_agree() -> None:
-    runs = []
-    for background in ("process", "thread", False):
-        model = mul_multithreshold(np.float32(2.5))
-        hook = VerificationHook(ReferenceData.random(model, n=3, seed=4), background=background, coalesce=False)
-        PassManager([Stage("s", [AbsorbPositiveMul, RenameNodes])], [hook]).run(model)
-        runs.append([(r.label, r.changed_nodes, r.region_nodes, len(r.near_ties)) for r in hook.records])
-    assert runs[0] == runs[1] == runs[2] and runs[0]
 
 
 def test_replaced_weights_are_not_kept_alive_by_the_checks() -> None:
@@ -652,7 +625,7 @@ def test_replaced_weights_are_not_kept_alive_by_the_checks() -> None:
     import weakref
 
     model = _mul_mul()
-    hook = VerificationHook(ReferenceData.random(model, n=2), background=False)
+    hook = VerificationHook(ReferenceData.random(model, n=2))
     PassManager([Stage("s", [RenameNodes])], [hook]).run(model)  # fingerprints every weight
     old = [weakref.ref(v.const_value) for v in model.graph.initializers.values()]
     class ReplaceWeights(Transformation):
