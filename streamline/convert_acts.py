@@ -43,7 +43,7 @@ from streamline.convert_common import (DEFAULT_MAX_THRESHOLD_BITS, FLOAT32, QUAN
                                        rank_of, scalar_int, take_over)
 from streamline.real_thresholds import RealThresholds, quant_real_thresholds, set_real_thresholds
 from streamline.thresholds import StepFunction, check_thresholds, float32_to_key, least_float32_reaching
-from verify.policies import equality
+from finnlite.policies import equality
 
 if TYPE_CHECKING:
     from finnlite.model import Model

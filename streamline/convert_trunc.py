@@ -32,7 +32,7 @@ from streamline.convert_acts import StepQuantizer, emit_multithreshold, solve_th
 from streamline.convert_common import (DEFAULT_MAX_THRESHOLD_BITS, FLOAT32, BitLimit, Unsupported, add_constant,
                                        annotate, channels_of, const_input, drop_unused, ensure_custom_domain,
                                        is_custom, positive_scale, rank_of, scalar_int, take_over)
-from verify.policies import equality
+from finnlite.policies import equality
 
 if TYPE_CHECKING:
     from finnlite.model import Model

@@ -42,7 +42,7 @@ from finnlite.shapes import const_array
 from streamline.convert_common import (FLOAT32, QUANT_OPS, Unsupported, add_constant, annotate, append_binary,
                                        const_input, custom_op, drop_unused, is_custom, positive_scale, scalar_int,
                                        take_over)
-from verify.policies import DEFAULT_POLICY, Equality
+from finnlite.policies import DEFAULT_POLICY, Equality
 
 if TYPE_CHECKING:
     from finnlite.model import Model
