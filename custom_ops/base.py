@@ -49,6 +49,12 @@ class CustomOp:
                 self.attrs[key] = default
         self.validate_attrs()
 
+    @classmethod
+    def from_node(cls, node: Any, opset_version: int | None = None) -> "CustomOp":
+        """The op for an ``onnx.NodeProto`` or ``onnx_ir.Node`` (``opset_version``: the model's opset import for
+        the node's domain, used by ops whose semantics are versioned)."""
+        return cls(node.name, attrs_of(node))
+
     # -- to be provided by subclasses -------------------------------------------------------------------------
     def validate_attrs(self) -> None:
         """Check the attributes; raise :class:`OpError` naming the node and the problem."""

@@ -34,7 +34,7 @@ import onnx
 
 from custom_ops.lowering import Lowering, LoweringContext, _Emitter
 from finnlite.blockwise import all_integral
-from finnlite.tensors import DepthwiseWeight
+from finnlite.tensors import DepthwiseWeight, is_frozen
 
 #: integers of magnitude below this are exact in float32, and so is every sum of them that stays below it
 EXACT_LIMIT = float(2 ** 24)
@@ -55,8 +55,6 @@ class _FrozenMemo:
         self._watched: set[int] = set()
 
     def get(self, value: np.ndarray, what: tuple, compute: Callable[[], Any]) -> Any:
-        from finnlite.model import is_frozen
-
         if not is_frozen(value):
             return compute()
         root = value

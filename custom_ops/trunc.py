@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from custom_ops.base import CustomOp
+from custom_ops.base import CustomOp, attrs_of
 from custom_ops.common import (Shape, check_broadcast, check_finite, check_scale, flag_attr, float_output,
                                scalar_bitwidth, shape_of)
 from custom_ops.quant import canonical_rounding_mode, clip_to_range, max_int, min_int, rounding_function
@@ -102,9 +102,6 @@ class Trunc(CustomOp):
     }
     num_inputs = (5, 6)
 
-    #: the constructor takes the model's opset version of the node's domain (see :func:`registry.make_op`)
-    versioned = True
-
     def __init__(self, name: str, attrs: dict[str, Any] | None = None, opset_version: int | None = None) -> None:
         try:
             self.fixed_version = trunc_version(opset_version)
@@ -112,6 +109,11 @@ class Trunc(CustomOp):
             raise OpError(f"Trunc: {exc}", node=name or "<unnamed Trunc>") from None
         self.given_attrs = frozenset(attrs or {})
         super().__init__(name, attrs)
+
+    @classmethod
+    def from_node(cls, node: Any, opset_version: int | None = None) -> "Trunc":
+        """The op for a node, in the version the model's opset import for its domain selects."""
+        return cls(node.name, attrs_of(node), opset_version=opset_version)
 
     def validate_attrs(self) -> None:
         self.signed = flag_attr(self, "signed")

@@ -27,12 +27,18 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from finnlite.config import DEFAULT_VERIFY_MODE, Config, load_config
+from custom_ops.quant import max_int, min_int
+from finnlite.config import DEFAULT_VERIFY_MODE, VERIFY_MODES, Config, load_config
+from finnlite.cost import datatype_histogram, inference_cost
+from finnlite.datatypes import is_integer_type
 from finnlite.errors import ConfigError, VerificationError
 from finnlite.model import Model
 from finnlite.passes import PassManager
-from finnlite.validate import validate_model
 from finnlite.report import CheckRow, GraphPicture, StreamlineReport, VerificationResult, pass_timings
+from finnlite.shapes import const_array
+from finnlite.validate import validate_model
+from verify import PassVerificationError, ReferenceData, VerificationHook, final_check, float_report
+from verify.hook import PROBE_ELEMENTS, probe_samples
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +69,6 @@ def resolve_config(config: Config | str | Path | Mapping[str, Any] | None) -> Co
 # -- reference data ------------------------------------------------------------------------------------------------
 def default_samples(model: Model) -> int:
     """How many random reference samples to draw: 8, fewer for large inputs (about 16k input values in all)."""
-    from verify.hook import PROBE_ELEMENTS
-
     elements = 0
     for v in model.graph.inputs:
         shape = model.get_tensor_shape(v.name) or ()
@@ -74,8 +78,6 @@ def default_samples(model: Model) -> int:
 
 def input_ranges(model: Model) -> dict[str, tuple[float, float, str]]:
     """For each graph input: the range to draw reference inputs from and where it comes from (module docstring)."""
-    from finnlite.datatypes import is_integer_type
-
     out: dict[str, tuple[float, float, str]] = {}
     for v in model.graph.inputs:
         found = _quantizer_range(model, v.name)
@@ -93,9 +95,6 @@ def _quantizer_range(model: Model, name: str) -> tuple[float, float, str] | None
     """The input range that covers the quantizer reached from input ``name`` through data-movement ops and
     element-wise scalar Mul/Div/Add/Sub by constants (a preprocessing such as ``2·x − 1``), mapped back through
     those; None if no such quantizer is found."""
-    from custom_ops.quant import max_int, min_int
-    from finnlite.shapes import const_array
-
     affine: list[tuple[str, float]] = []  # the scalar ops on the way, in order
     for _ in range(16):
         consumers = model.find_consumers(name)
@@ -141,8 +140,6 @@ def make_reference(model: Model, config: Config, *, inputs: str | Path | None = 
                    seed: int | None = None) -> tuple[Any, str]:
     """The reference data for ``model`` and a description of them: the ``inputs`` file (else the config's), or
     random samples in ``input_range`` (else the config's, else the inferred range, see :func:`input_ranges`)."""
-    from verify import ReferenceData
-
     vc = config.verification
     path = inputs if inputs is not None else vc.inputs
     if path is not None:
@@ -193,11 +190,6 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
     ``verify`` (``off``, ``final`` or ``each`` — the default), ``inputs`` (a .npy/.npz file), ``input_range``,
     ``samples``, ``seed``, ``stages`` (names). ``progress`` receives one line per stage and per long step;
     ``extras=False`` skips the graph pictures and the inference cost."""
-    from verify import PassVerificationError, VerificationHook, final_check, float_report
-
-    from finnlite.config import VERIFY_MODES
-    from finnlite.cost import datatype_histogram, inference_cost
-
     cfg = resolve_config(config)
     mode = verify or cfg.verification.mode or DEFAULT_VERIFY_MODE
     if mode not in VERIFY_MODES:
@@ -219,8 +211,6 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
         reference, result.reference = make_reference(m, cfg, inputs=inputs, input_range=input_range,
                                                      samples=samples, seed=seed)
         result.samples = reference.num_samples
-        from verify.hook import probe_samples
-
         reference.precompute(values=probe_samples(reference) if mode == "each" else 0)
         seconds["reference"] = time.perf_counter() - t0
         if progress is not None:

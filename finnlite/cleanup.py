@@ -16,6 +16,7 @@ from onnx import helper
 
 from finnlite.compat import make_model, ort_session
 from finnlite.errors import GraphError
+from finnlite.ops import is_standard_domain
 from finnlite.shapes import const_array
 
 if TYPE_CHECKING:
@@ -64,8 +65,6 @@ def _evaluate(node: ir.Node, inputs: list[np.ndarray | None], opset: int) -> lis
 
 def fold_constants(model: "Model") -> int:
     """Replace standard-op nodes with all-constant inputs by initializers; returns how many were folded."""
-    from custom_ops.registry import is_standard_domain
-
     folded = 0
     opset = model.opset_version("") or 20
     for node in list(model.graph):

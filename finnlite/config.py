@@ -37,6 +37,8 @@ from typing import Any, Mapping
 
 from finnlite.errors import ConfigError, PassError
 from finnlite.passes import Pass, Transformation, get_pass, run_pass
+from finnlite.policies import DEFAULT_POLICY, Tolerance
+from streamline.pipeline import default_stages, select_stages, stage_names
 
 __all__ = ["Config", "PassSpec", "VerificationConfig", "ExternalPass", "load_config", "VERIFY_MODES"]
 
@@ -81,8 +83,6 @@ class VerificationConfig:
 
     def policy(self) -> Any:
         """The default verification policy for passes that declare none (verify's default if not configured)."""
-        from finnlite.policies import DEFAULT_POLICY, Tolerance
-
         if self.tolerance is None:
             return replace(DEFAULT_POLICY, near_ties=self.near_ties)
         return Tolerance(near_ties=self.near_ties, **self.tolerance)
@@ -124,8 +124,6 @@ class Config:
     def build_stages(self, only: list[str] | None = None) -> list[Any]:
         """The default stages, restricted to ``only`` (else to ``stages``) and with the user passes added. Imports
         ``modules`` first. A :class:`ConfigError` names the key of any reference that does not resolve."""
-        from streamline.pipeline import default_stages, select_stages
-
         self.import_modules()
         stages = [replace(s, passes=list(s.passes)) for s in default_stages()]  # every field kept
         by_name = {s.name: s for s in stages}
@@ -211,8 +209,6 @@ class _Parser:
         cfg = Config(source=self.source, base_dir=self.base_dir)
         if "stages" in data:
             cfg.stages = self.names(data["stages"], "stages")
-            from streamline.pipeline import stage_names
-
             known = stage_names()
             for i, name in enumerate(cfg.stages):
                 if name not in known:

@@ -28,7 +28,9 @@ from typing import Any, Callable
 import numpy as np
 import onnx_ir as ir
 
-from custom_ops.common import MAX_BITWIDTH
+from custom_ops.bipolar_quant import bipolar_quant
+from custom_ops.common import by_rows, MAX_BITWIDTH
+from custom_ops.quant import quant_rows
 from finnlite.datatypes import BaseDataType, DataType, int_type
 from finnlite.model import Model, as_model
 from finnlite.shapes import const_array
@@ -249,9 +251,6 @@ _CACHED_ELEMENTS = 4096
 
 
 def _evaluate(node: ir.Node, args: list[np.ndarray]) -> np.ndarray | None:
-    from custom_ops.bipolar_quant import bipolar_quant
-    from custom_ops.common import by_rows
-    from custom_ops.quant import quant_rows
 
     attrs = {k: a.value for k, a in node.attributes.items()}
     op = node.op_type

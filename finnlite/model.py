@@ -27,6 +27,9 @@ import onnx_ir as ir
 from finnlite import io as model_io
 from finnlite.datatypes import BaseDataType, DataType, parse_datatype
 from finnlite.errors import DataTypeError, FixpointError, GraphError, ModelLoadError
+from finnlite.cleanup import cleanup as cleanup_model
+from finnlite.passes import AnalysisPass, run_pass
+from finnlite.shapes import infer_shapes
 from finnlite.tensors import DepthwiseWeight, freeze, is_frozen  # noqa: F401 - freeze, is_frozen: re-exported
 
 log = logging.getLogger(__name__)
@@ -220,8 +223,6 @@ class Model:
 
     def infer_shapes(self, *, only_missing: bool = True) -> None:
         """Infer the shape of every node output, custom ops included (see :mod:`finnlite.shapes`)."""
-        from finnlite.shapes import infer_shapes
-
         infer_shapes(self, only_missing=only_missing)
 
     # -- datatypes and layouts -----------------------------------------------------------------------------
@@ -487,9 +488,7 @@ class Model:
     def cleanup(self, fold_constants: bool = True) -> bool:
         """Remove dead nodes and unused initializers and (optionally) fold standard ops whose inputs are all
         constant. Returns True if anything changed. See :mod:`finnlite.cleanup`."""
-        from finnlite.cleanup import cleanup
-
-        return cleanup(self, fold=fold_constants)
+        return cleanup_model(self, fold=fold_constants)
 
     # -- checks --------------------------------------------------------------------------------------------
     def check_graph(self) -> None:
@@ -543,8 +542,6 @@ class Model:
         nothing is deep-copied (``make_deepcopy`` is accepted for compatibility and ignored), and ``cleanup=True``
         runs :meth:`cleanup` afterwards. A pass still changing the model after ``max_iterations`` runs raises
         :class:`~finnlite.errors.FixpointError`."""
-        from finnlite.passes import run_pass
-
         for _ in range(max_iterations):
             if not run_pass(self, transformation):
                 break
@@ -557,8 +554,6 @@ class Model:
 
     def analysis(self, analysis: Any) -> Any:
         """Run an analysis pass (instance, class or plain function of the model) and return its result."""
-        from finnlite.passes import AnalysisPass
-
         if isinstance(analysis, type) and issubclass(analysis, AnalysisPass):
             analysis = analysis()
         if isinstance(analysis, AnalysisPass):

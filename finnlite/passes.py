@@ -192,11 +192,9 @@ def run_pass(model: "Model", p: Any) -> bool:
     if isinstance(p, AnalysisPass):
         raise PassError(f"{p.name} is an analysis; use model.analysis()")
     if _is_qonnx_transformation(p):
-        from finnlite.model import Model
-
         before = fingerprint(model)
         result = model.to_qonnx().transform(p)
-        model.ir = Model(result, check=False).ir
+        model.ir = type(model)(result, check=False).ir
         model._reindex()
         return fingerprint(model) != before
     if callable(p):

@@ -16,6 +16,7 @@ import onnx_ir as ir
 from onnx import defs, helper, shape_inference
 
 from finnlite.errors import GraphError, OpError
+from finnlite.ops import is_custom_domain, make_op
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -113,8 +114,6 @@ def _infer_standard(node: ir.Node, opsets: dict[str, int]) -> None:
 
 
 def _infer_custom(node: ir.Node, opsets: dict[str, int]) -> None:
-    from custom_ops.registry import make_op
-
     op = make_op(node, opsets.get(node.domain))
     shapes = [None if v is None else _shape_of(v) for v in node.inputs]
     values = [const_array(v) for v in node.inputs]
@@ -128,8 +127,6 @@ def _infer_custom(node: ir.Node, opsets: dict[str, int]) -> None:
 
 def infer_node_shapes(node: ir.Node, opsets: dict[str, int]) -> None:
     """Infer the output shapes and element types of one node from its inputs."""
-    from custom_ops.registry import is_custom_domain
-
     if is_custom_domain(node.domain):
         _infer_custom(node, opsets)
     else:

@@ -27,7 +27,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx import defs
 
-from custom_ops.registry import is_custom_domain, is_standard_domain, make_op
+from finnlite.ops import is_custom_domain, is_standard_domain, make_op
 from finnlite.datatypes import parse_datatype
 from finnlite.errors import DataTypeError, FinnliteError, GraphError, OpError
 from finnlite.model import Model, iter_values

@@ -19,12 +19,12 @@ import onnx_ir as ir
 
 from finnlite.model import Model, as_model
 from finnlite.passes import PassManager, Rule, Stage
-from verify.hook import PassVerificationError, VerificationHook
-from verify.verifier import CheckOutcome
 from finnlite.policies import DEFAULT_POLICY, Policy, resolve_policy
+from verify.hook import PassVerificationError, VerificationHook
 from verify.reference import ReferenceData
 from verify.region import node_label
 from verify.ties import DEFAULT_NEAR_TIE_RTOL
+from verify.verifier import CheckOutcome
 
 log = logging.getLogger(__name__)
 

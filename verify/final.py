@@ -33,7 +33,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from custom_ops.executor import Executor
 from finnlite.errors import VerificationError
+from finnlite.io import to_proto_without
 from finnlite.model import Model, as_model
 from verify.compare import is_integer_tensor, quant_step
 from verify.reference import ReferenceData
@@ -194,10 +196,6 @@ def _executor(model: Model, names: list[str], dtype: Any = np.float32) -> Any:
     118 MB for a streamlined MobileNet-v1) are handed to it as the model's own arrays instead of being serialized
     into its ModelProto, which the executor would copy and convert back to arrays: three copies of the weights
     while it is built, none now (float32; a float64 executor converts them, once)."""
-    from custom_ops.executor import Executor
-
-    from finnlite.io import to_proto_without
-
     large = {name: v.const_value for name, v in model.graph.initializers.items()
              if v.const_value is not None and handed_over(v.const_value)}
     proto = to_proto_without(model.ir, large, node_metadata=False)
@@ -211,8 +209,6 @@ def _slice(arr: np.ndarray, i: int, b0: int) -> np.ndarray:
 
 
 def _tail_runner(model: Model, q: str, tail: list[ir.Node], example: np.ndarray) -> Any:
-    from custom_ops.executor import Executor
-
     consts: dict[str, np.ndarray] = {}
     for node in tail:
         for v in node.inputs:

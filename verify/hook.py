@@ -28,9 +28,10 @@ import onnx_ir as ir
 
 from finnlite.errors import VerificationError
 from finnlite.model import Model, freeze
-from finnlite.tensors import content_crc, is_immutable
 from finnlite.policies import DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, resolve_policy
+from finnlite.tensors import content_crc, is_immutable
 from verify.clone import clone_model
+from verify.final import final_check
 from verify.reference import ReferenceData
 from verify.region import structure_key
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, NearTie
@@ -309,8 +310,6 @@ class VerificationHook:
 
     def final_check(self, model: Model, **kwargs: Any) -> Any:
         """Compare ``model`` with the original on every reference sample (see :func:`verify.final.final_check`)."""
-        from verify.final import final_check
-
         if self.reference is None:
             raise VerificationError("no reference data: the hook never ran")
         return final_check(self.reference, model, **kwargs)

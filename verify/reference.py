@@ -22,12 +22,15 @@ import numpy as np
 import onnx
 
 from custom_ops.common import execute_by_rows
+from custom_ops.executor import Executor
 from finnlite.datatypes import BaseDataType, is_integer_type
 from finnlite.errors import ConfigError
+from finnlite.io import to_proto_without
 from finnlite.model import Model, as_model, freeze, is_frozen
 from finnlite.passes import fingerprint
 from verify.cache import Recompute, SampleValues
 from verify.compare import fits_datatype
+from verify.region import handed_over
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +90,6 @@ def _split(model: Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     as they are, where from a ModelProto it would copy them (44.8 MB each for resnet18_4w4a_ts)."""
     import onnx_ir as ir
 
-    from finnlite.io import to_proto_without
-    from verify.region import handed_over
 
     large: dict[str, np.ndarray] = {}
     for name, v in model.graph.initializers.items():
@@ -351,8 +352,6 @@ class ReferenceData:
         instead of holding a copy per sample).
 
         A float32 executor folds them anyway where that takes less memory (:meth:`_Weights.folding_is_smaller`)."""
-        from custom_ops.executor import Executor
-
         fold = fold or (np.dtype(dtype) == np.float32 and self._weights.folding_is_smaller())
         key = (np.dtype(dtype).name, fold)
         if key not in self._executors:

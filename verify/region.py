@@ -24,7 +24,9 @@ import onnx
 import onnx_ir as ir
 from onnx import helper, numpy_helper
 
+from custom_ops.executor import Executor
 from custom_ops.plan import FEED_ELEMENTS
+from custom_ops.registry import make_op
 from finnlite.compat import IR_VERSION
 from finnlite.model import Model
 from finnlite.tensors import DepthwiseWeight, content_crc, is_immutable
@@ -391,8 +393,6 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
     :class:`~verify.cache.SampleValues`, in which every ``Im2Col``'s windows are a recomputation from its input,
     made when read (whether the run made them, or skipped them because the MatMul reading them ran as one Conv).
     ``dtype``: the executor's float type (float64 runs every float tensor in double precision)."""
-    from custom_ops.executor import Executor
-    from custom_ops.registry import make_op
 
     if not nodes:
         return [SampleValues() for _ in samples]

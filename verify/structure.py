@@ -25,10 +25,12 @@ import networkx as nx
 import numpy as np
 import onnx
 
+from custom_ops.executor import Executor
 from finnlite.datatypes import is_integer_type
 from finnlite.errors import GraphError
 from finnlite.model import Model
 from verify.compare import fits_datatype
+from verify.reference import ReferenceData
 
 __all__ = ["Issue", "StructureReport", "check_structure", "check_datatypes", "KINDS"]
 
@@ -198,8 +200,6 @@ def check_datatypes(model: Any, inputs: Any, *, samples: int | None = 4) -> Stru
     """Run ``model`` on reference inputs and report every integer-annotated tensor holding a value outside its
     datatype. ``inputs``: a :class:`verify.ReferenceData` (its first ``samples`` samples are used) or a dict of
     input arrays."""
-    from custom_ops.executor import Executor
-    from verify.reference import ReferenceData
 
     m = model if isinstance(model, Model) else Model(model, check=False)
     annotated = [(v.name, m.get_tensor_datatype(v.name)) for v in _values(m)

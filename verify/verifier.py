@@ -25,11 +25,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from custom_ops.executor import Executor
 from finnlite.errors import FinnliteError
 from finnlite.model import Model
+from finnlite.policies import Metric, Policy
 from verify.cache import SampleValues
 from verify.compare import TensorDiff, compare_tensor, is_integer_tensor, quant_step
-from finnlite.policies import Metric, Policy
 from verify.reference import ReferenceData
 from verify.region import (Change, Fingerprints, Snapshot, ancestors, constant_tensors, descendants, find_change, hull,
                            node_label, node_signature, run_nodes, topo_order)
@@ -145,8 +146,6 @@ class Verifier:
     def _full_values(self, model: Model, initial: bool = False) -> list[SampleValues]:
         if initial and self.reference.describes(model):
             return [SampleValues(self.reference.take_values(i)) for i in self.sample_ids]
-        from custom_ops.executor import Executor
-
         ex = Executor(model.to_proto())
         return [SampleValues(ex.run(self.reference.sample(i), return_all=True)) for i in self.sample_ids]
 
@@ -430,8 +429,6 @@ class Verifier:
         outcome.message = text
 
     def _check_metric(self, model: Model, policy: Metric) -> CheckOutcome:
-        from custom_ops.executor import Executor
-
         data: ReferenceData = policy.data if policy.data is not None else self.reference
         outputs = Executor(model.to_proto()).run(data.inputs)
         value = float(policy.fn(outputs, data.outputs(np.float32)))

@@ -1,0 +1,91 @@
+"""The layers, read from the source: the core imports nothing above it, streamline does not import verify, and no
+two files import each other, directly or around a cycle (function-local imports count; ``if TYPE_CHECKING:`` blocks,
+which never run, do not)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("finnlite", "custom_ops", "streamline", "verify")
+#: the modules that may import everything (the CLI, the build step and what only they use)
+FACES = {f"finnlite.{m}" for m in ("cli", "build", "config", "report", "cost", "examples", "__main__")}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts)
+
+
+def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, at any depth, except those under ``if TYPE_CHECKING:``."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def import_graph() -> nx.DiGraph:
+    """Files of the four packages and the imports between them (an edge from importer to imported)."""
+    files = {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).glob("*.py"))}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(files)
+    for name, path in files.items():
+        for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                assert node.level == 0, f"{path}: a relative import (the packages use absolute ones)"
+                base = node.module or ""
+                # ``from pkg import mod`` imports the module; ``from pkg import name`` the package
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            for target in targets:
+                while target and target not in files and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in files and target != name:
+                    graph.add_edge(name, target)
+    return graph
+
+
+def _layer(module: str) -> str:
+    if module in FACES:
+        return "face"
+    return module.split(".")[0] if not module.startswith("finnlite") else "core"
+
+
+def test_the_walker_sees_the_packages() -> None:
+    graph = import_graph()
+    assert {"finnlite.model", "custom_ops.executor", "streamline.pipeline", "verify.hook"} <= set(graph)
+    assert graph.has_edge("verify.hook", "verify.verifier") and graph.has_edge("finnlite.cli", "finnlite.build")
+
+
+def test_the_core_imports_nothing_above_it() -> None:
+    graph = import_graph()
+    bad = [(a, b) for a, b in graph.edges if _layer(a) == "core" and _layer(b) != "core"]
+    assert bad == [], f"core modules importing custom_ops, streamline, verify or a face: {bad}"
+
+
+def test_only_faces_import_faces_and_streamline_does_not_import_verify() -> None:
+    graph = import_graph()
+    bad = [(a, b) for a, b in graph.edges if _layer(b) == "face" and _layer(a) != "face"]
+    bad += [(a, b) for a, b in graph.edges if _layer(a) == "streamline" and _layer(b) == "verify"]
+    bad += [(a, b) for a, b in graph.edges if _layer(a) == "custom_ops" and _layer(b) in ("streamline", "verify")]
+    assert bad == []
+
+
+def test_no_import_cycle() -> None:
+    cycles = list(nx.simple_cycles(import_graph()))
+    assert cycles == [], f"import cycles: {cycles[:5]}"
