@@ -97,8 +97,6 @@ _ALONE = {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPoo
 BATCH_MODES = ("per_item", "vectorized")
 #: the plan mode of ``run(return_all=True, windows=False)``: every tensor but the fused pairs' windows
 _ALL_BUT_WINDOWS = "all-but-windows"
-#: the plan mode of ``run(return_all=True, weights=False)``: every tensor but the weight quantizers' outputs
-_ALL_BUT_WEIGHTS = "all-but-weights"
 
 
 class Executor:
@@ -114,18 +112,13 @@ class Executor:
     ``model``; a graph input of that name becomes a constant), or as :class:`~finnlite.tensors.DepthwiseWeight`
     tensors, kept compact: a fused depthwise ``Im2Col → MatMul`` runs on the kernel, and the dense matrix is made
     (once) only for a node that reads it otherwise; such a constant is left out of ``return_all`` results unless it
-    was made dense. ``fold_large=False``: a node reading a constant of
-    :data:`~custom_ops.plan.FEED_ELEMENTS` elements or more (a weight quantizer) is not folded but runs at each
-    run, so the executor holds no second copy of the weights (same results; costs the quantizers' time per run: for
-    an executor run a few times, such as the original model's in :class:`verify.ReferenceData`). Raises
-    :class:`GraphError` for a malformed graph and :class:`OpError` for an unknown custom op.
+    was made dense. Raises :class:`GraphError` for a malformed graph and :class:`OpError` for an unknown custom
+    op.
     """
 
     def __init__(self, model: Any, *, dtype: Any = np.float32, lower: bool = True, batch_mode: str = "per_item",
-                 threads: int | None = None, constants: Mapping[str, np.ndarray] | None = None,
-                 fold_large: bool = True) -> None:
+                 threads: int | None = None, constants: Mapping[str, np.ndarray] | None = None) -> None:
         self.dtype = np.dtype(dtype)
-        self.fold_large = fold_large
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, not {self.dtype}")
         if batch_mode not in BATCH_MODES:
@@ -154,8 +147,6 @@ class Executor:
         self._names: set[str] = set()
         self._types: dict[str, int] = {}  # element types, known after _static_shapes
         nodes = self._sorted_nodes(graph)
-        #: the weight quantizers (folded or run at each run): {output: (kernel, its input arrays)}
-        self._weight_quantizers: dict[str, tuple[CustomOp, list[np.ndarray]]] = {}
         # the op version a custom node runs as follows its domain's opset import, 1 if absent (as in qonnx)
         versions = {o.domain: o.version for o in proto.opset_import}
         ops = {i: registry.make_op(n, versions.get(n.domain, 1)) for i, n in enumerate(nodes)
@@ -198,34 +189,24 @@ class Executor:
         return self._input_shapes[name]
 
     def run(self, inputs: Mapping[str, np.ndarray], return_all: bool = False, *,
-            windows: bool = True, weights: bool = True, release: bool = False) -> dict[str, np.ndarray]:
+            windows: bool = True) -> dict[str, np.ndarray]:
         """The graph outputs for ``inputs`` ({data input name: array}); with ``return_all``, every tensor: the
         inputs, the constants (initializers and folded tensors, read-only) and every node output. With
         ``windows=False`` (and ``return_all``), the outputs of ``Im2Col`` nodes that only a MatMul run with them as
         one Conv reads are left out: they are not computed (:mod:`custom_ops.intconv`; they are ``kh·kw`` times
-        their input, and the caller can make them from it). With ``weights=False`` (and ``return_all``), the
-        outputs of the weight quantizers (:meth:`weight_quantizers`) are left out: a quantizer that runs at each
-        run (``fold_large=False``) then hands its output to its readers only, and the caller can compute it again.
+        their input, and the caller can make them from it).
 
         A leading dim N (a multiple of the model's fixed batch dim b0) runs a batch, see ``batch_mode``. Raises
         :class:`GraphError` naming the tensor for an unknown or missing input or a wrong dtype or shape, and
-        :class:`OpError` naming the node when a node fails.
-
-        ``release``: for a run that will not be repeated, drop each onnxruntime session as soon as its step has run
-        (in the last chunk of a ``per_item`` batch), so that one session is alive at a time for a single input;
-        results are unchanged, and a later run makes the sessions again."""
+        :class:`OpError` naming the node when a node fails."""
         if return_all and not windows:
-            if not weights:
-                raise ValueError("windows=False and weights=False do not combine")
             return_all = _ALL_BUT_WINDOWS  # type: ignore[assignment]
-        elif return_all and not weights:
-            return_all = _ALL_BUT_WEIGHTS  # type: ignore[assignment]
         arrays, batch = self._check_inputs(inputs)
         if batch is None:
-            return self._execute(arrays, batched=False, return_all=return_all, release=release)
+            return self._execute(arrays, batched=False, return_all=return_all)
         if not self._chunk_batches:
             try:
-                result = self._execute(arrays, batched=True, return_all=return_all, release=release)
+                result = self._execute(arrays, batched=True, return_all=return_all)
                 if self._batch_ok(result, batch):
                     return result
                 reason = "an output lost the batch dimension"
@@ -234,13 +215,7 @@ class Executor:
             log.warning("vectorized batch execution failed (%s); running batches in chunks of %d from now on",
                         reason, self._batch0())
             self._chunk_batches = True
-        return self._run_chunks(arrays, batch, return_all, release)
-
-    def weight_quantizers(self) -> dict[str, tuple[CustomOp, list[np.ndarray]]]:
-        """The quantizers of large constant weights in float32 (folded, or run at each run with
-        ``fold_large=False``): {output tensor: (its custom op, its input arrays)}. ``custom_ops.common.execute_by_rows``
-        of them computes the output bit for bit (as folding does)."""
-        return dict(self._weight_quantizers)
+        return self._run_chunks(arrays, batch, return_all)
 
     def describe(self) -> str:
         """The plan, one line per step: regions (node counts) and kernel nodes (with why they are not lowered)."""
@@ -396,17 +371,13 @@ class Executor:
             reads_large = any(t in self._constants and self._constants[t].size >= FEED_ELEMENTS for t in inputs)
             if (reads_large and i in ops and node.op_type in _FOLDED_BY_ROWS and self.dtype == np.float32
                     and len(node.output) == 1 and all(t in self._constants for t in node.input)):
-                # a weight quantizer (weight_quantizers): folded by its numpy kernel (qonnx's own arithmetic, bit for
-                # bit what the lowering computes) over blocks of rows, without the weight-sized temporaries of a
-                # session computing it; or, without fold_large, kept to run at each run
+                # a weight quantizer: folded by its numpy kernel (qonnx's own arithmetic, bit for bit what the
+                # lowering computes) over blocks of rows, without the weight-sized temporaries of a session
                 out, args = node.output[0], [self._constants[t] for t in node.input]
-                self._weight_quantizers[out] = (ops[i], args)
-                if self.fold_large:
-                    self._constants[out] = self._const(execute_by_rows(ops[i], args))
-                    continue
+                self._constants[out] = self._const(execute_by_rows(ops[i], args))
+                continue
             if (not all(t in self._constants or t in pending for t in inputs)
-                    or not (inputs or node.op_type == "Constant") or node.op_type in _NONDETERMINISTIC
-                    or (reads_large and not self.fold_large)):
+                    or not (inputs or node.op_type == "Constant") or node.op_type in _NONDETERMINISTIC):
                 if i in ops:
                     kept_ops[len(kept)] = ops[i]
                 kept.append(node)
@@ -612,14 +583,13 @@ class Executor:
                     steps.append(self._region(taken, batched, fused))
                 remaining = [i for i in remaining if i in blocked]
         # a region returns the graph tensors it computes that a later step or the caller needs
-        skip = set(self._weight_quantizers) if return_all == _ALL_BUT_WEIGHTS else set()
         needed_later = set(self._outputs)
         for step in reversed(steps):
             if isinstance(step, RegionStep):
-                step.outputs = [t for t in step.produced if (return_all and t not in skip) or t in needed_later]
+                step.outputs = [t for t in step.produced if return_all or t in needed_later]
             needed_later.update(step.inputs)
         return Plan([s for s in steps if not isinstance(s, RegionStep) or s.outputs],
-                    keep=None if return_all else set(self._outputs), drop=skip)
+                    keep=None if return_all else set(self._outputs))
 
     def _outside_step(self, i: int) -> Step:
         node, label = self._as_dtype(self._nodes[i]), node_label(self._nodes[i], i)
@@ -722,15 +692,11 @@ class Executor:
                              f"N; got leading dims {sorted(leading, key=str)}", tensor=self._inputs[0].name)
         return arrays, int(leading.pop())
 
-    def _execute(self, arrays: dict[str, np.ndarray], batched: bool, return_all: bool | str,
-                 release: bool = False) -> dict[str, np.ndarray]:
+    def _execute(self, arrays: dict[str, np.ndarray], batched: bool, return_all: bool | str) -> dict[str, np.ndarray]:
         plan = self._plan(batched, return_all)  # first: planning may make a compact weight dense (_dense)
         env: dict[str, np.ndarray] = dict(self._constants)
         env.update(arrays)
-        plan.execute(env, release)
-        if return_all == _ALL_BUT_WEIGHTS:
-            for name in self._weight_quantizers:  # folded ones are constants
-                env.pop(name, None)
+        plan.execute(env)
         if return_all:
             return env
         return {name: env[name] for name in self._outputs}
@@ -744,14 +710,10 @@ class Executor:
                     return False
         return True
 
-    def _run_chunks(self, arrays: dict[str, np.ndarray], batch: int, return_all: bool | str,
-                    release: bool = False) -> dict[str, np.ndarray]:
+    def _run_chunks(self, arrays: dict[str, np.ndarray], batch: int, return_all: bool | str) -> dict[str, np.ndarray]:
         b0 = self._batch0()
         chunks = [{n: a[k:k + b0] for n, a in arrays.items()} for k in range(0, batch, b0)]
-        # chunk by chunk (the activations of one chunk at a time: step by step over all chunks held 8 samples'
-        # activations of MobileNet-v1 at once, 40 MB more than the sessions it let go); the last one releases
-        parts = [self._execute(c, batched=False, return_all=return_all, release=release and k == len(chunks) - 1)
-                 for k, c in enumerate(chunks)]
+        parts = [self._execute(c, batched=False, return_all=return_all) for c in chunks]
         return {name: self._constants[name] if name in self._constants
                 else np.concatenate([p[name] for p in parts], axis=0) for name in parts[0]}
 

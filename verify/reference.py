@@ -21,33 +21,19 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
-from custom_ops.common import execute_by_rows
 from custom_ops.executor import Executor
 from finnlite.datatypes import BaseDataType, is_integer_type
 from finnlite.errors import ConfigError
 from finnlite.io import to_proto_without
 from finnlite.model import Model, as_model, freeze, is_frozen
 from finnlite.passes import fingerprint
-from verify.cache import Recompute, SampleValues
+from verify.cache import SampleValues
 from verify.compare import fits_datatype
 from verify.region import handed_over
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ReferenceData", "ReferenceDataError", "InputSpec"]
-
-
-class _ByRows:
-    """A weight quantizer's kernel run a block of rows at a time (:func:`custom_ops.common.execute_by_rows`), as the
-    executor folds it: the same bits, without temporaries the size of the weight."""
-
-    __slots__ = ("op",)
-
-    def __init__(self, op: Any) -> None:
-        self.op = op
-
-    def execute(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        return [execute_by_rows(self.op, inputs)]
 
 
 class ReferenceDataError(ConfigError):
@@ -104,28 +90,6 @@ def _split(model: Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     return to_proto_without(model.ir, large, node_metadata=False), large
 
 
-class _Weights:
-    """The original model's large initializers, shared by a ReferenceData and its subsets."""
-
-    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
-        self._arrays = arrays
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The weights by name, as read-only arrays."""
-        return dict(self._arrays)
-
-    #: onnxruntime quantizing a weight inside a session grows its arena by about three times that weight (the
-    #: quantizer's chain of elementwise ops); folding costs the quantized copies
-    FOLD_RATIO = 3.0
-
-    def folding_is_smaller(self) -> bool:
-        """Whether folding the weight quantizers (a quantized copy of every weight, made block by block) takes less
-        memory than quantizing inside the sessions at each run (about :data:`FOLD_RATIO` times the largest
-        weight): true for a network whose weights are a few similar layers, false for a deep one."""
-        sizes = [a.nbytes for a in self._arrays.values()]
-        return bool(sizes) and sum(sizes) <= self.FOLD_RATIO * max(sizes)
-
-
 class ReferenceData:
     """N input samples for a model and the cached results of its original version on them.
 
@@ -141,14 +105,14 @@ class ReferenceData:
         # the snapshot: the model without its large initializers, and those as read-only arrays shared with the
         # model (the pipeline replaces weights, it never edits them), which the executors use as they are
         self._proto, large = _split(m)
-        self._weights = _Weights(large)
+        self._weights = large  # shared with subsets
         self._shared: dict[str, Any] = {}  # the full snapshot, assembled on demand (shared with subsets)
         self._fingerprint = fingerprint(m)
         self.specs = _input_specs(m)
         if not self.specs:
             raise ReferenceDataError("the model has no data inputs")
         self.inputs, self.num_samples = self._validate(inputs)
-        self._executors: dict[tuple[str, bool], Any] = {}  # by (dtype name, weight quantizers folded)
+        self._executors: dict[str, Any] = {}  # by dtype name
         self._outputs: dict[str, dict[str, np.ndarray]] = {}
         self._values: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self._original: Model | None = None
@@ -328,7 +292,7 @@ class ReferenceData:
         full = onnx.ModelProto()
         full.CopyFrom(self._proto)
         small = {t.name: t for t in self._proto.graph.initializer}
-        large = self._weights.arrays()
+        large = self._weights
         del full.graph.initializer[:]
         full.graph.initializer.extend(numpy_helper.from_array(large[name], name) if name in large
                                       else small[name] for name in self._order if name in large or name in small)
@@ -344,19 +308,11 @@ class ReferenceData:
         """True if ``model`` has the structure of the original (same nodes, wiring and initializer shapes)."""
         return fingerprint(model) == self._fingerprint
 
-    def executor(self, dtype: Any = np.float32, *, fold: bool = False) -> Any:
-        """The oracle for the original model in ``dtype`` (built once per dtype and ``fold``). Without ``fold`` its
-        large weight quantizers run at each run (``Executor(fold_large=False)``): folded, they would double the
-        weights in memory while the pipeline's model still holds them. ``fold``: they
-        are folded (for the float64 runs that return every tensor, whose results then share the quantized weights
-        instead of holding a copy per sample).
-
-        A float32 executor folds them anyway where that takes less memory (:meth:`_Weights.folding_is_smaller`)."""
-        fold = fold or (np.dtype(dtype) == np.float32 and self._weights.folding_is_smaller())
-        key = (np.dtype(dtype).name, fold)
+    def executor(self, dtype: Any = np.float32) -> Any:
+        """The oracle for the original model in ``dtype`` (built once per dtype)."""
+        key = np.dtype(dtype).name
         if key not in self._executors:
-            self._executors[key] = Executor(self._proto, dtype=dtype, constants=self._weights.arrays(),
-                                            fold_large=fold)
+            self._executors[key] = Executor(self._proto, dtype=dtype, constants=dict(self._weights))
         return self._executors[key]
 
     def outputs(self, dtype: Any = np.float32) -> dict[str, np.ndarray]:
@@ -364,15 +320,11 @@ class ReferenceData:
         key = np.dtype(dtype).name
         if key not in self._outputs:
             log.info("computing the reference outputs (%s, %d samples)", key, self.num_samples)
-            # an executor with folded weights, if one was built for values(), computes the same bits
-            executor = self._executors.get((key, True)) or self.executor(dtype)
-            self._outputs[key] = executor.run(self.inputs)
+            self._outputs[key] = self.executor(dtype).run(self.inputs)
         return self._outputs[key]
 
     def values(self, i: int, dtype: Any = np.float32) -> SampleValues:
-        """Every tensor of the original model on sample ``i`` (inputs, constants, node outputs), computed once. In
-        float32 the quantized weights are held as their quantizers on the original's weights (:class:`Recompute`
-        entries, made when read): each would otherwise be a copy of a weight for the whole run, while the pipeline folds them in its first stage and the checks seldom read them before."""
+        """Every tensor of the original model on sample ``i`` (inputs, constants, node outputs), computed once."""
         key = (np.dtype(dtype).name, i)
         if key not in self._values:
             self._values[key] = self._all_tensors(i, dtype)
@@ -387,25 +339,16 @@ class ReferenceData:
         return self._all_tensors(i, dtype)
 
     def _all_tensors(self, i: int, dtype: Any) -> SampleValues:
-        if np.dtype(dtype) != np.float32:
-            return SampleValues(self.executor(dtype, fold=True).run(self.sample(i), return_all=True))
-        executor = self.executor(dtype)  # its weight quantizers run inside the regions, and are not returned
-        values = SampleValues(executor.run(self.sample(i), return_all=True, weights=False))
-        for name, (op, args) in executor.weight_quantizers().items():
-            shape = np.broadcast_shapes(*(np.shape(a) for a in args if a is not None))
-            dict.__setitem__(values, name, Recompute(_ByRows(op), list(args), shape, np.float32))
-        return values
+        return SampleValues(self.executor(dtype).run(self.sample(i), return_all=True))
 
     def precompute(self, values: int = 0) -> None:
         """Compute now, with one float32 executor of the original, its outputs on every sample and (for per-pass
-        verification) every tensor on the first ``values`` samples (its quantized weights as recomputations, see
-        :meth:`values`); then drop that executor and its folded constants. Nothing changes in what the other
-        methods return."""
+        verification) every tensor on the first ``values`` samples; then drop that executor. Nothing changes in what
+        the other methods return."""
         for i in range(min(values, self.num_samples)):
             self.values(i)
         self.outputs(np.float32)
-        for fold in (False, True):
-            self._executors.pop((np.dtype(np.float32).name, fold), None)
+        self._executors.pop(np.dtype(np.float32).name, None)
 
     def __repr__(self) -> str:
         return f"<ReferenceData {self.source}: {self.num_samples} samples of {[s.name for s in self.specs]}>"

@@ -467,47 +467,10 @@ def test_a_run_drops_each_tensor_after_its_last_reader():
     assert ex._plan(False, True)._drop is None  # return_all keeps every tensor
 
 
-def test_a_run_with_release_holds_one_session_at_a_time_and_computes_the_same():
-    """``run(..., release=True)`` (a run that will not be repeated): each step's sessions are dropped once it has
-    run, in the last chunk of a batch (the earlier chunks keep them: one chunk's activations at a time), results are
-    bit-identical, and a later run makes them again."""
-    import custom_ops.plan as plan_module
-
-    ex = Executor(mixed_model())
-    xb = np.concatenate([random_x(s) for s in range(3)])
-    kept = ex.run({"x": xb})
-    steps = ex._plan(batched=False, return_all=False).steps
-
-    def sessions() -> int:
-        return sum(1 for s in steps if getattr(s, "_session", None) is not None or getattr(s, "_sessions", None))
-
-    assert sessions() == 3  # two regions and the MaxPool's own session, kept for the next run
-    alive: list[int] = []
-    original = plan_module.RegionStep.run
-
-    def run(self, env):  # noqa: ANN001 - count the sessions alive while each region runs
-        original(self, env)
-        alive.append(sessions())
-
-    ex2 = Executor(mixed_model())
-    steps = ex2._plan(batched=False, return_all=False).steps
-    try:
-        plan_module.RegionStep.run = run
-        released = ex2.run({"x": xb}, release=True)
-    finally:
-        plan_module.RegionStep.run = original
-    assert alive == [1, 3, 3, 3, 3, 1] and sessions() == 0  # chunks 1 and 2 make and keep them, chunk 3 drops them
-    for name in kept:
-        assert same_bits(released[name], kept[name])
-    again = ex2.run({"x": xb[:1]}, release=True)
-    assert same_bits(again["sum"], kept["sum"][:1]) and sessions() == 0
-
-
 @pytest.mark.parametrize("op", ["Quant", "BipolarQuant"])
 def test_large_weight_quantizers_fold_by_rows_with_their_kernel(monkeypatch, op):
     """A quantizer of a large weight folds through its numpy kernel over blocks of rows (no session and none of
-    its weight-sized temporaries): bit-identical to the kernel on the whole weight; with ``fold_large=False`` it
-    stays in the graph."""
+    its weight-sized temporaries): bit-identical to the kernel on the whole weight."""
     from custom_ops.plan import FEED_ELEMENTS
 
     rng = np.random.default_rng(1)
@@ -528,7 +491,3 @@ def test_large_weight_quantizers_fold_by_rows_with_their_kernel(monkeypatch, op)
     assert sessions == [] and "wq" in ex._constants
     expected = make_op(node).execute([inits[k] for k in inputs])[0]
     assert np.array_equal(ex._constants["wq"].view(np.uint32), expected.astype(F32).view(np.uint32))
-    kept = Executor(model, fold_large=False)
-    assert "wq" not in kept._constants
-    x = {"x": rng.normal(size=(2, rows)).astype(F32)}
-    assert same_bits(ex.run(x)["y"], kept.run(x)["y"])

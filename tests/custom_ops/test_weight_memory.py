@@ -1,6 +1,5 @@
 """Quantized weights in memory: regions run their nodes in the order given (a weight quantizer right before the
-layer reading it, not all of them first), and ``Executor(fold_large=False)`` computes large weight quantizers at
-each run instead of holding their results, with the same results bit for bit."""
+layer reading it, not all of them first)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from custom_ops.executor import Executor
-from custom_ops.plan import FEED_ELEMENTS, session_options
+from custom_ops.plan import session_options
 from finnlite.compat import IR_VERSION, QONNX_DOMAIN, fix_ir_version, make_model
 
 
@@ -53,18 +51,3 @@ def test_regions_run_their_nodes_in_the_order_given(tmp_path):
              if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     # onnxruntime's default order runs quant3, quant2, quant1, quant0 first: every quantized weight alive at once
     assert order == ["quant0", "mm0", "quant1", "mm1", "quant2", "mm2", "quant3", "mm3"]
-
-
-def test_fold_large_false_quantizes_large_weights_at_each_run_with_the_same_bits():
-    side = int(np.ceil(np.sqrt(FEED_ELEMENTS)))  # one weight at the size where weights are fed, one small one
-    model = _layers(np.random.default_rng(1), [side, side], quant=True)
-    x = {"x": np.random.default_rng(2).normal(size=(2, side)).astype(np.float32)}
-    folded, unfolded = Executor(model), Executor(model, fold_large=False)
-    assert folded.describe().startswith("2 nodes to run")  # both quantizers folded
-    assert unfolded.describe().startswith("4 nodes to run")  # both weights are large: both quantizers run
-    a, b = folded.run(x, return_all=True), unfolded.run(x, return_all=True)
-    assert a.keys() == b.keys()
-    for name in a:
-        assert np.array_equal(a[name], b[name]) and a[name].dtype == b[name].dtype, name
-    small = _layers(np.random.default_rng(1), [8, 8], quant=True)
-    assert Executor(small, fold_large=False).describe().startswith("2 nodes to run")  # small weights still fold

@@ -133,7 +133,7 @@ def _weighted_model():
 def test_the_snapshot_shares_the_models_frozen_weights_and_ignores_later_replacements() -> None:
     model, w = _weighted_model()
     ref = ReferenceData.random(model, n=3, seed=1)
-    assert np.shares_memory(ref._weights.arrays()["w"], model.get_initializer("w"))
+    assert np.shares_memory(ref._weights["w"], model.get_initializer("w"))
     before = ref.outputs()["y"].copy()
     model.set_initializer("w", -w)  # the pipeline replaces weights; the reference keeps the original's
     ref._outputs.clear()
@@ -153,7 +153,7 @@ def test_precompute_keeps_every_result_the_same() -> None:
     # the original runs again: same results in float32 and float64
     np.testing.assert_array_equal(ref.values(2)["h"], plain.values(2)["h"])
     np.testing.assert_array_equal(ref.outputs(np.float64)["y"], plain.outputs(np.float64)["y"])
-    np.testing.assert_array_equal(ref._weights.arrays()["w"], plain._weights.arrays()["w"])
+    np.testing.assert_array_equal(ref._weights["w"], plain._weights["w"])
     assert ref.original_proto.SerializeToString() == plain.original_proto.SerializeToString()
     np.testing.assert_array_equal(ref.subset([2]).outputs()["y"], plain.outputs()["y"][2:])
 
@@ -182,58 +182,21 @@ def _quantized_weight_model(layers: int = 4):
     return Model(make_model(graph))
 
 
-@pytest.mark.parametrize("layers", [3, 4])  # 3: the executor folds the weights; 4: it quantizes them in its runs
-def test_quantized_weights_are_recomputed_when_read_not_held(layers: int) -> None:
+def test_the_original_values_are_those_of_a_full_run() -> None:
     from custom_ops.executor import Executor
-    from verify.cache import Recompute
 
-    model = _quantized_weight_model(layers)
+    model = _quantized_weight_model(3)
     per_channel = np.linspace(0.01, 0.5, 256, dtype=np.float32).reshape(1, 256)  # a scale per output channel
     q1 = model.get_node_from_name(model.find_producer("q1").name)
     q1.replace_input_with(1, model.add_initializer(per_channel, "s1"))
     ref = ReferenceData.random(model, n=2, seed=1)
     outputs = ref.outputs()["y"]
     first, second = ref.values(0), ref.values(1)
-    quantized = [f"q{i}" for i in range(layers)]
-    assert all(isinstance(dict.__getitem__(first, q), Recompute) for q in quantized)  # no copy of a weight held
-    for fold in (False, True):  # made when read: the same bits as folding, and as the lowering inside a session
-        full = Executor(model.to_proto(), fold_large=fold).run(ref.sample(0), return_all=True)
-        for name in full:
-            assert np.array_equal(np.asarray(first[name]).view(np.uint8), np.asarray(full[name]).view(np.uint8)), name
+    full = Executor(model.to_proto()).run(ref.sample(0), return_all=True)
+    for name in full:
+        assert np.array_equal(np.asarray(first[name]).view(np.uint8), np.asarray(full[name]).view(np.uint8)), name
     np.testing.assert_array_equal(np.concatenate([first["y"], second["y"]]), outputs)
     again = ReferenceData.random(model, n=2, seed=1)
     again.precompute(values=1)
     np.testing.assert_array_equal(again.outputs()["y"], outputs)
     assert np.array_equal(again.values(0)["q1"], first["q1"])
-
-
-def test_an_executor_leaves_the_weight_quantizers_out_when_asked() -> None:
-    from custom_ops.executor import Executor
-
-    model = _quantized_weight_model(layers=2)
-    x = {"x": np.ones((1, 256), np.float32)}
-    for fold in (False, True):
-        ex = Executor(model.to_proto(), fold_large=fold)
-        assert sorted(ex.weight_quantizers()) == ["q0", "q1"]
-        every = ex.run(x, return_all=True)
-        but = ex.run(x, return_all=True, weights=False)
-        assert sorted(set(every) - set(but)) == ["q0", "q1"]
-        assert all(np.array_equal(every[k], but[k]) for k in but)
-    with pytest.raises(ValueError, match="do not combine"):
-        ex.run(x, return_all=True, windows=False, weights=False)
-
-
-@pytest.mark.parametrize("layers,folded", [(1, True), (3, True), (4, False)])
-def test_the_outputs_fold_the_weights_where_that_takes_less_memory(layers, folded) -> None:
-    """Quantizing inside a session costs about three times the largest weight, folding a copy of every weight: a
-    network of three similar layers folds, one of four does not, and the outputs are the same bits either way."""
-    from custom_ops.executor import Executor
-
-    model = _quantized_weight_model(layers)
-    ref = ReferenceData.random(model, n=2, seed=3)
-    assert ref._weights.folding_is_smaller() is folded
-    assert ref.executor().fold_large is folded and ref.executor(np.float64).fold_large is False
-    outputs = ref.outputs()["y"]
-    ref.precompute()
-    unfolded = Executor(model.to_proto(), fold_large=False).run(ref.inputs)["y"]
-    assert np.array_equal(outputs.view(np.uint32), unfolded.view(np.uint32))
