@@ -1,8 +1,8 @@
 """The executor: the verification oracle, fast and bit-exact.
 
 :class:`Executor` runs a QONNX/FINN-ONNX model and computes, bit for bit, what qonnx's ``execute_onnx`` computes
-(one fresh onnxruntime session per standard node, numpy kernels for custom nodes), but 10 to 1000 times faster
-(``bench/bench_executor.py``):
+(one fresh onnxruntime session per standard node, numpy kernels for custom nodes), but much faster
+(``bench/bench_executor.py`` measures how much):
 
 * **Plan once.** The graph is sorted and checked (unknown custom ops, inputs nothing produces) and constant-folded
   once: every node whose inputs are all constants (the weight quantizers) is computed at construction exactly as
@@ -26,7 +26,7 @@
   result is cast back up), and the standard ops onnxruntime has no double kernel for — Conv, AveragePool,
   GlobalAveragePool — run alone through :mod:`custom_ops.float64_ops`.
 
-**Session options (measured, onnxruntime 1.31).** Regions use ``ORT_DISABLE_ALL`` *and*
+**Session options.** Regions use ``ORT_DISABLE_ALL`` *and*
 ``session.disable_prepacking=1``; nothing else is bit-identical to qonnx's per-node sessions. qonnx feeds every
 input — weights included — to a one-node session with default options (``ORT_ENABLE_ALL``), so onnxruntime can
 neither fuse nodes nor treat weights as constants. In a region the folded weights are initializers, and:
@@ -347,7 +347,7 @@ class Executor:
                            if t in self._constants and t not in produced})
             outputs = [t for b in batch for t in b[2]]
             step = RegionStep(region_nodes, [], outputs, consts, self._opset_imports, self._functions,
-                              [b[3] for b in batch], self.threads, arena=False)  # run once: see session_options
+                              [b[3] for b in batch], self.threads)
             env: dict[str, np.ndarray] = {}
             try:
                 step.run(env)
@@ -359,7 +359,7 @@ class Executor:
                     item.update({t: env[t] if t in env else self._constants[t] for n in item_nodes
                                  for t in node_inputs(n) if t in env or t in self._constants})
                     RegionStep(item_nodes, [], item_outputs, item, self._opset_imports, self._functions, [label],
-                               self.threads, arena=False).run(env)
+                               self.threads).run(env)
             for t in outputs:
                 self._constants[t] = self._const(env[t])
             batch.clear()
@@ -419,7 +419,7 @@ class Executor:
         node = self._as_dtype(node)
         consts = {t: self._constants[t] for t in node_inputs(node)}
         return RegionStep([node], [], [t for t in node.output if t], consts, self._opset_imports, self._functions,
-                          [label], self.threads, arena=False)
+                          [label], self.threads)
 
     def _as_dtype(self, node: onnx.NodeProto) -> onnx.NodeProto:
         """``node`` as it runs in this executor's dtype: in float64 mode a Cast to float32 casts to float64 and a

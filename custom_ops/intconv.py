@@ -47,8 +47,8 @@ _SAME_RANGE = {"Identity", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsque
 class _FrozenMemo:
     """Facts computed from a constant that cannot change (:func:`finnlite.model.is_frozen`: every initializer the
     model sets), kept while its memory lives. The verifier builds an executor for every check and the final check
-    one more, each over the same lowered weights (118 MB of them for MobileNet-v1): the integer test (a few passes
-    over each weight) then runs once per weight instead of once per executor. Other arrays are not remembered."""
+    one more, each over the same lowered weights: the integer test (a few passes over each weight) then runs once
+    per weight instead of once per executor. Other arrays are not remembered."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple, Any] = {}
@@ -211,8 +211,8 @@ def conv_weights(w: np.ndarray | DepthwiseWeight, kernel: Sequence[int], channel
         if not blocks[:, :, :channels].any():
             dw = w4[:, :, diag, diag]  # (kh, kw, C)
             return np.ascontiguousarray(dw.transpose(2, 0, 1)[:, None]), channels
-    # one kernel position at a time: each (Cin, Cout) slice transposed whole runs about twice as fast as copying
-    # the 4-d transposed view (resnet18's 44 MB of weights: 25-32 -> 14-16 ms)
+    # one kernel position at a time: each (Cin, Cout) slice transposed whole, rather than a copy of the 4-d
+    # transposed view
     out = np.empty((cout, channels, kh * kw), w4.dtype)
     for k, block in enumerate(w4.reshape(kh * kw, channels, cout)):
         out[:, :, k] = block.T

@@ -48,9 +48,8 @@ from custom_ops.quant import max_int, min_int
 MIN_OPSET = 11
 
 #: a MultiThreshold making at least this many comparisons (elements x steps, batch 1) runs its numpy kernel: it
-#: counts threshold by threshold into a byte counter, about 3x faster than the lowering below; under it, the
-#: lowering keeps the node inside its region and saves a session boundary (~60 us; measured on cnv_2w2a and
-#: MobileNet-v1 layers, where the break-even is near 1e5 comparisons)
+#: counts threshold by threshold into a byte counter, faster than the lowering below for large nodes; under it,
+#: the lowering keeps the node inside its region and saves a session boundary
 MT_KERNEL_COMPARISONS = 1 << 18
 
 Shape = tuple[Any, ...]
@@ -242,9 +241,9 @@ def lower_multithreshold(node: onnx.NodeProto, op: Any, ctx: LoweringContext) ->
     if channels != 1 and x_shape[cdim] != channels:
         raise NotLowerable(f"the channel count of '{node.input[0]}' is not known to be {channels}")
     # the threshold axis goes first: T (C, B) → T' (B, 1, .., C, .., 1) with C on axis 1 + cdim, compared with
-    # Unsqueeze(x, 0): each step broadcasts one per-channel vector over x (onnxruntime runs that ~25% faster than
-    # a trailing threshold axis, an inner loop of B). The hits are summed over axis 0 as MatMul(ones(1, B), hits
-    # as (B, -1)), ~1.5x faster than ReduceSum over axis 0; a sum of at most B ones is exact in any order
+    # Unsqueeze(x, 0): each step broadcasts one per-channel vector over x (rather than a trailing threshold axis,
+    # an inner loop of B). The hits are summed over axis 0 as MatMul(ones(1, B), hits as (B, -1)) rather than
+    # ReduceSum over axis 0; a sum of at most B ones is exact in any order
     shaped = np.ascontiguousarray(thresholds.T).reshape(
         (steps,) + (1,) * cdim + (channels,) + (1,) * (len(x_shape) - 1 - cdim))
     em = _Emitter(node, ctx)

@@ -47,9 +47,7 @@ def multithreshold(x: np.ndarray, thresholds: np.ndarray, out_scale: float = 1.0
     ``thresholds`` is ``(C, N)`` or ``(1, N)``. One threshold step at a time: its column, shaped to broadcast
     along the channel axis, is compared with all of ``x`` and the hits are added into a counter of the narrowest
     unsigned type that holds ``N`` (uint8 for up to 255 steps). Only the counter and one boolean array of
-    ``x``'s size are live, and the passes over memory are byte-wide: 3x faster than onnxruntime running the
-    comparison as one broadcast GreaterOrEqual summed over the threshold axis (MobileNet-v1 layer, 4 bits), 6x at
-    8 bits. ``ValueError`` for mismatched shapes."""
+    ``x``'s size are live, and the passes over memory are byte-wide. ``ValueError`` for mismatched shapes."""
     x = np.asarray(x)
     thresholds = np.asarray(thresholds)
     if thresholds.ndim != 2:
@@ -72,7 +70,7 @@ def multithreshold(x: np.ndarray, thresholds: np.ndarray, out_scale: float = 1.0
     levels = counts.astype(x.dtype)
     if levels.dtype.kind != "f":  # an integer input: the float result numpy's promotion gives
         return out_scale * levels + out_bias
-    # in place: the same float arithmetic without two more arrays of x's size (7 MB of a MobileNet-v1 layer)
+    # in place: the same float arithmetic without two more arrays of x's size
     if out_scale != 1.0:
         levels *= out_scale
     if out_bias != 0.0:

@@ -104,13 +104,10 @@ def value_info_dims(vi: onnx.ValueInfoProto) -> tuple[int | None, ...] | None:
 
 
 # -- onnxruntime ----------------------------------------------------------------------------------------------
-def session_options(threads: int | None = None, *, arena: bool = True) -> Any:
+def session_options(threads: int | None = None) -> Any:
     """The onnxruntime options of every region: graph optimizations off and no prepacking of constant weights —
     the settings measured bit-exact to per-node execution (see :mod:`custom_ops.executor`); ``threads`` intra-op
-    threads (onnxruntime's default when None — keep it for bit-exactness with qonnx, which uses the default).
-    ``arena=False``: no memory arena (memory only, results unchanged), for a session run once whose outputs are
-    kept, such as constant folding: its outputs (the folded weights) would otherwise grow the process-wide arena
-    by their size for good."""
+    threads (onnxruntime's default when None — keep it for bit-exactness with qonnx, which uses the default)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -118,19 +115,14 @@ def session_options(threads: int | None = None, *, arena: bool = True) -> Any:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     # prepacked constant weights take another MLAS path for Gemm/MatMul, with other rounding
     opts.add_session_config_entry("session.disable_prepacking", "1")
-    # memory only (results unchanged): no pre-planned block for all of a run's intermediates, which the arena
-    # keeps; measured 17 MB less for a streamlined MobileNet-v1 session at the same speed. The arena itself stays:
-    # without it that session runs 40% slower for no lower peak
+    # memory only (results unchanged): no pre-planned block for all of a run's intermediates, which the arena keeps
     opts.enable_mem_pattern = False
     # memory only: run the nodes in the order given (a topological order by node index) rather than onnxruntime's
     # default depth-first order, which can run every weight quantizer of a network before the first layer and keep
-    # all the quantized weights alive at once (MobileNet-v1's reference run: 31 MB of intermediates instead of 22)
+    # all the quantized weights alive at once
     opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     no_spinning(opts)
-    if arena:
-        shared_arena(opts)
-    else:
-        opts.enable_cpu_mem_arena = False
+    shared_arena(opts)
     if threads is not None:
         opts.intra_op_num_threads = threads
     return opts
@@ -139,8 +131,7 @@ def session_options(threads: int | None = None, *, arena: bool = True) -> Any:
 def no_spinning(opts: Any) -> Any:
     """Intra-op threads that sleep instead of spinning when idle. Scheduling only (results are unchanged), but it
     matters: a plan alternates onnxruntime sessions with numpy kernels, and spinning pool threads of every session
-    compete with those kernels for the cores (measured on 2 cores: a streamlined MobileNet-v1 sample in 0.35 s
-    instead of 0.86 s; the original model in 37-44 ms instead of 56-59 ms)."""
+    compete with those kernels for the cores."""
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
 
@@ -152,10 +143,8 @@ _SHARED_ARENA: bool | None = None
 def shared_arena(opts: Any) -> Any:
     """Let sessions created with ``opts`` allocate from one process-wide onnxruntime CPU arena instead of one arena
     each. Memory only (results are unchanged): the verifier builds a new small session for every check, and with a
-    private arena each one's first run allocates and first-touches all its intermediates anew. On a virtual
-    machine that hands freed pages back to the host (as this project's CI does) those page faults cost more than
-    the run: 0.3 s instead of 0.06 s for a MobileNet-v1 region of 27 MultiThresholds, 0.9 s of the 2.4 s that
-    per-pass verification of MobileNet-v1 took. The arena keeps what it has grown to (the largest set of
+    private arena each one's first run allocates and first-touches all its intermediates anew (on a virtual
+    machine that hands freed pages back to the host, those page faults can cost more than the run). The arena keeps what it has grown to (the largest set of
     intermediates one run needed) for the life of the process. If onnxruntime refuses the registration, sessions
     keep their own arenas."""
     global _SHARED_ARENA
@@ -174,12 +163,12 @@ def shared_arena(opts: Any) -> Any:
     return opts
 
 
-def make_session(model: onnx.ModelProto, threads: int | None = None, *, arena: bool = True) -> Any:
+def make_session(model: onnx.ModelProto, threads: int | None = None) -> Any:
     """An onnxruntime CPU session for a region model, with :func:`session_options` (looked up at call time, so a
     study can swap it)."""
     import onnxruntime as ort
 
-    opts = session_options(threads) if arena else session_options(threads, arena=False)
+    opts = session_options(threads)
     return ort.InferenceSession(model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
@@ -195,11 +184,10 @@ class RegionStep:
 
     def __init__(self, nodes: list[onnx.NodeProto], inputs: list[str], produced: list[str],
                  constants: dict[str, np.ndarray], opsets: Sequence[onnx.OperatorSetIdProto],
-                 functions: Sequence[onnx.FunctionProto], labels: list[str], threads: int | None, *,
-                 arena: bool = True) -> None:
+                 functions: Sequence[onnx.FunctionProto], labels: list[str], threads: int | None) -> None:
         self.nodes, self.inputs, self.produced, self.outputs = nodes, inputs, produced, list(produced)
         self.constants, self.opsets, self.functions = constants, opsets, functions
-        self.labels, self.threads, self.arena = labels, threads, arena
+        self.labels, self.threads = labels, threads
         self._session: Any = None
         self._fed: dict[str, np.ndarray] = {}
 
@@ -237,14 +225,14 @@ class RegionStep:
     def run(self, env: dict[str, np.ndarray]) -> None:
         """Run the session on ``env`` (created at the first run). Large constants (weight matrices) are fed as
         inputs: onnxruntime reads the numpy arrays in place, where an initializer would be serialized into the
-        region's model and copied into the session (a streamlined MobileNet has 118 MB of weights; the verifier
+        region's model and copied into the session (the verifier
         builds executors for many regions of it). With graph optimizations and prepacking off, a weight computes
         the same whether it is an initializer or an input (qonnx feeds every weight as an input)."""
         feeds = {name: env[name] for name in self.inputs}
         if self._session is None:
             self._fed = self.large_constants()
             try:
-                self._session = make_session(self.model(feeds, feed_large=True), self.threads, arena=self.arena)
+                self._session = make_session(self.model(feeds, feed_large=True), self.threads)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
                 raise OpError(f"onnxruntime cannot build a session for {self.describe()}: {exc}",
                               node=self.labels[0]) from exc

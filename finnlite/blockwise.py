@@ -1,8 +1,7 @@
 """Whole-array checks made block by block, so that a check over a large weight needs temporaries of one block.
 
 A test such as ``np.all(np.abs(w) == 1)`` over a weight makes two temporaries of the weight's size (the absolute
-values, then the booleans); for the largest layer of cnv_1w1a that is 2.9 MB, about half the memory its whole
-conversion needs beyond the model. :func:`all_blocks` applies the test to consecutive blocks of the flattened
+values, then the booleans). :func:`all_blocks` applies the test to consecutive blocks of the flattened
 array instead and stops at the first block that fails; the answer is the same.
 """
 

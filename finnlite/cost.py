@@ -246,7 +246,7 @@ class _Analysis:
 
 
 #: computed constants (quantizer outputs) up to this size are remembered; larger ones (the quantized weights: a
-#: second copy of the network's weights, 17 MB for MobileNet-v1) are not
+#: second copy of the network's weights) are not
 _CACHED_ELEMENTS = 4096
 
 

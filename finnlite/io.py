@@ -162,7 +162,7 @@ def save_model(model: ir.Model, path: str | os.PathLike, *, external_data: bool 
     """Write an ``onnx_ir`` model to ``path`` atomically; see :meth:`finnlite.Model.save`. Without external data
     the file is streamed: the model without its initializers, then one initializer at a time, in the bytes
     ``to_proto(model).SerializeToString()`` gives — where serializing the whole model held every weight three
-    times (the model's arrays, the ModelProto and its serialization: 118 MB each for a streamlined MobileNet-v1).
+    times (the model's arrays, the ModelProto and its serialization).
     External data (asked for, or a model over protobuf's 2 GB limit) goes through :func:`save_proto`."""
     path = Path(path)
     folder = _check_target(path)
@@ -223,7 +223,7 @@ def to_proto_without(model: ir.Model, names: Iterable[str], *, node_metadata: bo
     """``to_proto(model)`` without the main graph's initializers ``names``: they are serialized as data-less
     stand-ins and dropped, so their data is neither copied nor serialized (the model is left as it was). With
     ``node_metadata=False`` the main graph's nodes are serialized without their ``metadata_props`` (for an
-    executor, which never reads them: a streamlined MobileNet-v1 carries 3 MB of exact thresholds there).
+    executor, which never reads them: exact thresholds are kept there).
     ``stand_ins``: {initializer name: location} for initializers kept in the proto as data-less external tensors
     naming that location (for a reader that holds their data under those names)."""
     stand_ins = stand_ins or {}

@@ -2,8 +2,7 @@
 
 FINN lowers a depthwise convolution to ``Im2Col(depthwise=1) → MatMul`` whose weight is the block-sparse
 ``[kh·kw·C, C]`` matrix with ``W[(a·kw + b)·C + c, c] = w[c, 0, a, b]`` and zeros elsewhere (its VVAU folds it back
-into ``[C, 1, kh, kw]``). Dense, that matrix is ``kh·kw·C`` times the weights it holds: 37.7 MB for the 1024-channel
-layer of MobileNet-v1, 100 MB for all thirteen (5.7 times the whole model file).
+into ``[C, 1, kh, kw]``). Dense, that matrix is ``kh·kw·C`` times the weights it holds.
 
 :class:`DepthwiseWeight` is that matrix as an ``onnx_ir`` tensor (a :class:`onnx_ir.LazyTensor`) that stores only
 the ``[C, kh, kw]`` kernel. Everything that asks for its contents gets the exact dense matrix (``numpy()``,

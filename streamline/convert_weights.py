@@ -81,7 +81,7 @@ class IntegerWeight:
 
 def _same_float32(a: np.ndarray, b: np.ndarray) -> bool:
     """``np.array_equal(float32_to_key(a), float32_to_key(b))`` (same bits, or both zeros of either sign) without
-    the int64 keys, which took 12 times the weight's size (118 MB for a 512x512x3x3 weight)."""
+    the int64 keys, which take 12 times the weight's size."""
     a = np.ascontiguousarray(a, dtype=np.float32)
     b = np.ascontiguousarray(b, dtype=np.float32)
     return a.shape == b.shape and bool(np.all((a == b) | (a.view(np.int32) == b.view(np.int32))))
@@ -101,7 +101,7 @@ def integer_weight(node: ir.Node, split: bool = True) -> IntegerWeight:
 
     The split runs over blocks of rows (:func:`custom_ops.common.by_rows`): the kernel is elementwise, so each block
     computes what the whole weight would, and the temporaries (the kernel's, a float64 copy, the check's) are those
-    of a block, not five to six copies of the largest weight (4 MB each in MobileNet-v1) at once."""
+    of a block, not five to six copies of the largest weight at once."""
     custom = custom_op(node)
     w = const_input(node, 0, "weight")
     scale = positive_scale(const_input(node, 1, "scale"))

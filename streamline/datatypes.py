@@ -169,8 +169,7 @@ def _custom_range(node: ir.Node, model: Any, ins: list[Range]) -> Range | None:
 class _ConstCache:
     """Ranges of constant tensors and weight-derived ranges, keyed by the tensor object (so a rewritten
     initializer, which is a new tensor, is recomputed); kept on the model between runs. The tensors are held
-    weakly: a weight a pass replaces is freed then, not at the next run (every pre-lowering weight of MobileNet-v1
-    stayed alive through LowerConvsToMatMul)."""
+    weakly: a weight a pass replaces is freed then, not at the next run."""
 
     def __init__(self) -> None:
         self.entries: dict[tuple[int, Any], tuple[Any, Any]] = {}

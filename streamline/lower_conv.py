@@ -42,8 +42,7 @@ def conv_weight_matrix(w: np.ndarray, group: int) -> np.ndarray:
     cout, cin_g, kh, kw = w.shape
     if group == 1:
         return np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(kh * kw * cin_g, cout)  # one copy
-    # written straight into the [kh, kw, Cin, Cout] layout: no dense [Cout, Cin, kh, kw] copy to transpose (the
-    # 1024-channel depthwise layer of MobileNet-v1 is 37.7 MB dense)
+    # written straight into the [kh, kw, Cin, Cout] layout: no dense [Cout, Cin, kh, kw] copy to transpose
     og, cin = cout // group, cin_g * group
     if cin_g == 1 and og == 1:  # depthwise: channel c feeds output c only
         return depthwise_matrix(w[:, 0])

@@ -60,9 +60,7 @@ def default_stages() -> list[Stage]:
         Stage("convert", CONVERT_PASSES),
         Stage("streamline", streamline_passes(), fixpoint=True),
         # LowerConvsToMatMul, ConvertToNHWC and the XNOR conversion each rewrite every layer: checked together at
-        # the stage's end, the network runs once (twice where a changed encoding has to re-converge). A checkpoint
-        # after ConvertToNHWC, meant to overlap its check with the remaining passes, ran the network twice more and
-        # overlapped little (the checks hold the GIL): cnv_1w1a's per-pass verification 0.24 -> 0.17 s without it
+        # the stage's end, the network runs once (twice where a changed encoding has to re-converge)
         Stage("lower", LOWER_PASSES, granularity="stage"),
         Stage("restreamline", streamline_passes(), fixpoint=True),
         Stage("finalize", [InferDataTypes, RoundAndClipThresholds, RemoveDeadNodes, InferDataTypes,

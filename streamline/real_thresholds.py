@@ -2,7 +2,7 @@
 
 A MultiThreshold made from a quantizer stores float32 thresholds chosen for float32 inputs (bit-exact with the
 original's float32 execution). Once scales and biases are absorbed and its input is an exact integer accumulator,
-its thresholds must instead follow the *real-number* semantics of the original graph (DESIGN.md): level ``m`` is
+its thresholds must instead follow the *real-number* semantics of the original graph: level ``m`` is
 reached when ``x ≥ R[c, m]`` (or ``x > R[c, m]`` where the rounding sends the tie down). The float32 threshold
 alone cannot tell ``R`` from its float32 neighbour, and a one-ulp difference shows up on real models, so the exact
 ``R`` and the strictness flag travel with the node in its ``metadata_props`` under ``finnlite.real_thresholds``.

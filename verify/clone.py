@@ -1,11 +1,10 @@
 """Structural copies of a model for the verifier: new graph, nodes and values; shared tensors and attributes.
 
 Per-pass verification copies the model after every pass that changed it (the copy is the version the checks
-compare and the next check's *before*), on the thread that runs the passes, so the copy's cost is paid in full by
-the pipeline. onnx_ir's generic cloner (``Graph.clone``) does this in 4.6 ms for MobileNet-v1 (141 nodes, 180
-initializers); :func:`clone_model` builds the same graph directly, without the cloner's per-call wrappers,
-substitution maps and device-configuration remapping, in 1.8 ms. A graph with subgraph attributes (If, Loop,
-Scan) goes through onnx_ir's cloner, which copies the subgraphs.
+compare and the next check's *before*), so the copy's cost is paid in full by the pipeline. :func:`clone_model`
+builds the same graph as onnx_ir's generic cloner (``Graph.clone``) directly, without the cloner's per-call
+wrappers, substitution maps and device-configuration remapping. A graph with subgraph attributes (If, Loop, Scan)
+goes through onnx_ir's cloner, which copies the subgraphs.
 
 What the copy shares with the original: the tensors (initializers and constant values: finnlite replaces them
 rather than editing them, and :class:`verify.hook.VerificationHook` freezes the writable ones) and the attribute

@@ -192,10 +192,9 @@ def _with_outputs(model: Model, names: list[str]) -> onnx.ModelProto:
 
 
 def _executor(model: Model, names: list[str], dtype: Any = np.float32) -> Any:
-    """An executor of ``model`` with the extra graph outputs ``names``. The large initializers (the weights:
-    118 MB for a streamlined MobileNet-v1) are handed to it as the model's own arrays instead of being serialized
-    into its ModelProto, which the executor would copy and convert back to arrays: three copies of the weights
-    while it is built, none now (float32; a float64 executor converts them, once)."""
+    """An executor of ``model`` with the extra graph outputs ``names``. The large initializers (the weights) are
+    handed to it as the model's own arrays instead of being serialized into its ModelProto, which the executor
+    would copy and convert back to arrays (float32; a float64 executor converts them, once)."""
     large = {name: v.const_value for name, v in model.graph.initializers.items()
              if v.const_value is not None and handed_over(v.const_value)}
     proto = to_proto_without(model.ir, large, node_metadata=False)

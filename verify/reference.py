@@ -73,7 +73,7 @@ def _input_specs(model: Model) -> list[InputSpec]:
 def _split(model: Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The model as a ModelProto without its large initializers, and those as read-only arrays: the model's own
     frozen arrays where it has them (no copy), else frozen copies. An executor given them as ``constants`` uses them
-    as they are, where from a ModelProto it would copy them (44.8 MB each for resnet18_4w4a_ts)."""
+    as they are, where from a ModelProto it would copy them."""
     import onnx_ir as ir
 
 

@@ -412,14 +412,11 @@ def test_constant_folding_batches_nodes_into_one_session_and_names_a_failing_one
     model = build(quant, {"x": (2, 4)}, ["y"], inits)
     sessions = []
     real = plan.make_session
-    monkeypatch.setattr(plan, "make_session", lambda m, t=None, **kw: sessions.append(
-        (len(m.graph.node), kw.get("arena", True))) or real(m, t, **kw))
+    monkeypatch.setattr(plan, "make_session", lambda m, t=None: sessions.append(len(m.graph.node)) or real(m, t))
     ex = Executor(model)
-    # one folding session for the quantizer and both layout ops, run once without the shared arena (its outputs,
-    # the folded weights, would grow it for good)
-    assert len(sessions) == 1 and sessions[0][0] > 3 and sessions[0][1] is False
+    assert len(sessions) == 1 and sessions[0] > 3  # one folding session for the quantizer and both layout ops
     ex.run({"x": np.ones((2, 4), F32)})
-    assert sessions[1] == (1, True)  # the region session keeps the arena
+    assert sessions[1] == 1  # the region session
     expected = -np.transpose(make_op(quant[0]).execute([w, inits["s"], inits["z"], inits["b"]])[0])
     assert np.array_equal(ex._constants["wn"].view(np.uint32), expected.astype(F32).view(np.uint32))
     bad = build([helper.make_node("Neg", ["c"], ["d"], name="ok_neg"),
