@@ -3,9 +3,10 @@
 Each zoo model runs in its own subprocess so that its peak memory (RSS) is its own. Printed per model: load,
 convert (tidy + convert), streamline (the remaining stages), final verification (against the original on 8
 random inputs from the manifest's range), save, total, the file size, the peak RSS of the process and the peak
-above the RSS after importing every module (the model's own cost, also over the file size), node counts. Then the
-cost of per-pass verification on mobilenet_v1_4b, and the streamline time per node of Brevitas-style MLPs with 3
-to 48 hidden layers and of a ResNet-style graph of about 1,000 nodes built in code. FINN's figures are quoted
+above the RSS after importing every module (the model's own cost, also over the file size), node counts. Then,
+per zoo model, the `finnlite streamline` command's time with --verify each over --verify off and the peak RSS of
+both, the per-pass checks' cost inside the pipeline, and the streamline time per node of Brevitas-style MLPs with
+3 to 48 hidden layers and of a ResNet-style graph of about 1,000 nodes built in code. FINN's figures are quoted
 from the issue tracker (finn-plus 1.6.1 default flow on the same kind of machine, same files): they were not
 measured in this run.
 """
@@ -87,7 +88,7 @@ def one_model(name: str) -> dict:
     lo, hi = entry["input_range"]
     ref = ReferenceData.random(model, n=8, seed=0, low=lo, high=hi)
     t0 = time.perf_counter()
-    ref.precompute()  # as `finnlite streamline` does: the original's outputs now, then its weights leave memory
+    ref.precompute()  # as `finnlite streamline` does: the original's outputs now
     t_reference = time.perf_counter() - t0
     nodes_before = len(model)
     stages = default_stages()
@@ -139,171 +140,73 @@ def zoo_table() -> None:
     print("  140 MB); +/file: +MB over the file size)")
 
 
-def _pss(pid: int | str) -> int:
-    """Process ``pid``'s proportional set size in bytes (its private pages, and each page it shares with n
-    processes counted 1/n), 0 where unreadable (not Linux, or the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-class _PssPeak:
-    """The peak of the memory this process and its children (the per-pass checks' worker) use together: the sum of
-    their proportional set sizes, sampled every ``interval`` seconds on a thread. A page the two share counts once
-    in the sum, where the peak RSS of one plus the other's growth beyond what it shared at the fork counts pages
-    the parent drops after the fork (the original's tensor values the worker took) in the parent only, and pages
-    freed and reused in the worker not at all."""
-
-    def __init__(self, interval: float = 0.01) -> None:
-        import threading
-
-        self.peak, self._stop, self.interval = 0, threading.Event(), interval
-        self.base = self._sample()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def _children() -> list[str]:
-        out: list[str] = []
-        try:
-            tasks = list(Path("/proc/self/task").iterdir())
-        except OSError:  # not Linux: no children to count (and _pss reads 0)
-            return out
-        for task in tasks:
-            try:
-                out += (task / "children").read_text().split()
-            except OSError:
-                pass
-        return out
-
-    def _sample(self) -> int:
-        return _pss("self") + sum(_pss(c) for c in self._children())
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, self._sample())
-
-    def stop(self) -> int:
-        """Stop sampling; the peak above the sum when sampling started, in bytes."""
-        self._stop.set()
-        self._thread.join()
-        return max(self.peak, self._sample()) - self.base
-
-
-def cli_model(name: str, verify: str = "each", pss: str = "") -> dict:
-    """``finnlite streamline``'s work on one zoo model, timed in this process (run as a subprocess by
-    :func:`cli_table`): load, :func:`finnlite.build.streamline` with its defaults (the default pipeline, every pass
-    verified, the final check on the default number of random samples, the report's extras) and save; ``verify``
-    as ``--verify`` (``final``: the final check only). ``pss="pss"``: also sample the memory both processes use
-    together (:class:`_PssPeak`; the sampling costs time, so such a run is not the one timed)."""
-    from finnlite import Model
-    from finnlite.build import streamline
-
-    from finnlite.cli import freeze_imports
-
+def _command(name: str, verify: str) -> dict:
+    """One ``finnlite streamline --verify VERIFY`` command on a zoo model, in a process of its own, as a user runs
+    it (defaults otherwise): its wall time (interpreter start-up included) and its peak RSS (``ru_maxrss`` of the
+    child, from ``os.wait4``)."""
     entry = json.loads((ZOO / "manifest.json").read_text())[name]
-    rss_base = _import_everything()
-    freeze_imports()  # as the command does before loading the model
-    sampler = _PssPeak() if pss == "pss" else None
     with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "finnlite.cli", "streamline", str(ZOO / entry["file"]), "-o",
+               str(Path(tmp) / "out.onnx"), "--verify", verify, "-q"]
         t0 = time.perf_counter()
-        model = Model(ZOO / entry["file"])
-        report = streamline(model, verify=verify, input_range=tuple(entry["input_range"]))
-        model.save(Path(tmp) / "out.onnx")
-        total = time.perf_counter() - t0
-    v = report.verification
-    rss = _peak_rss()
-    worker = v.worker_memory or 0  # the per-pass checks' process: what it added beyond the pages it shared
-    return {"name": name, "total": total, "samples": v.samples, "final": report.seconds.get("final check", 0.0),
-            "ok": report.error is None and v.final is not None and v.final.ok, "rss": rss,
-            "rss_incr": rss - rss_base + worker, "worker": worker, "file": (ZOO / entry["file"]).stat().st_size,
-            "pss_incr": sampler.stop() if sampler is not None else None}
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - t0
+    rss = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return {"seconds": seconds, "rss": rss, "ok": os.waitstatus_to_exitcode(status) == 0}
 
 
-def cli_table() -> None:
-    print("== end to end as `finnlite streamline` runs it (load, pipeline, final check with the default sample count")
-    print("   for the input size, report extras, save; in-process, without the interpreter's start-up), with per-pass")
-    print("   verification (the default, --verify each) and without it (--verify final); each run in its own process")
-    print(f"  {'model':<18} {'samples':>7} {'each s':>6} {'final s':>7} {'ratio':>5}  {'each +MB':>8} {'worker':>6} "
-          f"{'+/file':>6} {'PSS +MB':>7} {'+/file':>6}  {'final +MB':>9} {'+/file':>6}  {'final runs +MB':>14}")
+def cli_table(repeats: int = 3) -> None:
+    """Command-level cost of per-pass verification: ``finnlite streamline --verify each`` against ``--verify off``
+    (medians of ``repeats`` runs, alternating), and the peak RSS of each command."""
+    print(f"== `finnlite streamline` as a command: --verify each against --verify off (medians of {repeats} runs;")
+    print("   wall time with the interpreter's start-up; peak RSS of the command). Targets: ratio < 2x, RSS < 1 GB")
+    print(f"  {'model':<18} {'off s':>6} {'each s':>6} {'ratio':>6}  {'off RSS MB':>10} {'each RSS MB':>11}")
     for name in json.loads((ZOO / "manifest.json").read_text()):
-        runs: dict[str, list[dict]] = {"each": [], "final": [], "each pss": []}
-        for mode, repeats in (("each", 1), ("final", 3), ("each pss", 1)):
-            for _ in range(repeats):
-                out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--cli", name, *mode.split()],
-                                     capture_output=True, text=True, cwd=REPO, check=True)
-                runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        e, pss = runs["each"][0], runs["each pss"][0]["pss_incr"] or 0
-        finals = sorted(runs["final"], key=lambda r: r["rss_incr"])
-        f = finals[len(finals) // 2]  # the median run by memory
-        failed = "" if e["ok"] and all(r["ok"] for r in finals) else "  VERIFICATION FAILED"
-        spread = " / ".join(f"{r['rss_incr'] / 1e6:.1f}" for r in finals)
-        print(f"  {name:<18} {e['samples']:>7} {e['total']:6.2f} {f['total']:7.2f} {e['total'] / f['total']:4.2f}x  "
-              f"{e['rss_incr'] / 1e6:8.0f} {e.get('worker', 0) / 1e6:6.0f} {e['rss_incr'] / e['file']:5.1f}x "
-              f"{pss / 1e6:7.0f} {pss / e['file']:5.1f}x  "
-              f"{f['rss_incr'] / 1e6:9.1f} "
-              f"{f['rss_incr'] / f['file']:5.2f}x  {spread:>14}{failed}")
-    print("  (+MB: the peak RSS above the warmed-up baseline, as in the table above; --verify final runs three times,")
-    print("  median shown, all three listed: the peak varies by a few MB between identical runs; per-pass verification")
-    print("  keeps every tensor of the current model version on its probe samples, and each check runs part of the")
-    print("  model: its memory comes on top of the pipeline's; each +MB includes the worker process's peak beyond the")
-    print("  pages it shares with the command, shown as worker; PSS +MB: from another --verify each run, the peak of")
-    print("  the memory the command and its worker use together, sampled every 10 ms, where a page they share counts")
-    print("  once: each +MB counts pages the command drops after the fork, which the worker keeps, in the command's")
-    print("  peak only, and pages the worker frees and reuses not at all)")
+        runs: dict[str, list[dict]] = {"off": [], "each": []}
+        for _ in range(repeats):
+            for mode in runs:
+                runs[mode].append(_command(name, mode))
+        t = {m: statistics.median(r["seconds"] for r in rs) for m, rs in runs.items()}
+        rss = {m: statistics.median(r["rss"] for r in rs) for m, rs in runs.items()}
+        failed = "" if all(r["ok"] for rs in runs.values() for r in rs) else "  COMMAND FAILED"
+        print(f"  {name:<18} {t['off']:6.2f} {t['each']:6.2f} {t['each'] / t['off']:5.2f}x  "
+              f"{rss['off'] / 1e6:10.0f} {rss['each'] / 1e6:11.0f}{failed}")
 
 
-def overhead_rows(name: str) -> list[dict]:
+def overhead_rows(name: str) -> dict:
     """Per-pass verification's cost on one zoo model, in this process (run as a subprocess by
-    :func:`verification_overhead`): for each way of running the checks, the pipeline's time without and with the
-    hook in 5 rounds, on fresh copies of the model, each round with fresh reference data."""
+    :func:`verification_overhead`): the pipeline's time without and with the hook (checks in this process) in 5
+    rounds, on fresh copies of the model, each round with fresh reference data."""
     from finnlite import Model
-    from finnlite.cli import freeze_imports
     from streamline.pipeline import default_stages
     from verify import ReferenceData, measure_overhead
-    from verify.worker import process_supported
 
     _import_everything()  # the libraries' first use, not paid by the first round
-    freeze_imports()  # as the command does before loading a model
     entry = json.loads((ZOO / "manifest.json").read_text())[name]
     lo, hi = entry["input_range"]
     model = Model(ZOO / entry["file"])
-    rows = []
-    for mode in (["process", "thread"] if process_supported() else ["thread"]):
-        plain, verified, checks = [], [], 0
-        for _ in range(5):
-            o = measure_overhead(model, default_stages, ReferenceData.random(model, n=4, seed=0, low=lo, high=hi),
-                                 background=mode)
-            plain.append(o.plain_seconds)
-            verified.append(o.verified_seconds)
-            checks = o.checks
-        rows.append({"mode": mode, "checks": checks, "plain": plain, "verified": verified})
-    return rows
+    plain, verified, checks = [], [], 0
+    for _ in range(5):
+        o = measure_overhead(model, default_stages, ReferenceData.random(model, n=4, seed=0, low=lo, high=hi))
+        plain.append(o.plain_seconds)
+        verified.append(o.verified_seconds)
+        checks = o.checks
+    return {"checks": checks, "plain": plain, "verified": verified}
 
 
 def verification_overhead() -> None:
     """The cost of per-pass verification on every zoo model: the pipeline with the verification hook against the
-    pipeline alone, medians of 5 rounds (single rounds vary by +-15% and more on the small models), each model in
-    its own process (as the command runs: forking the worker costs more from a process that has grown). The checks
-    run as by default (in a worker process where supported) and, for comparison, on a thread."""
-    from verify.worker import process_supported
-
-    print("== per-pass verification: the pipeline with it against without it (medians of 5 rounds; target < 2x);")
-    print("   checks in a worker process and, for comparison, on a thread" if process_supported() else
-          "   checks on a thread (no worker process here)")
-    print(f"  {'model':<18} {'checks':>6} {'mode':>7} {'pipeline s':>10} {'verified s':>10} {'ratio':>6}  rounds")
+    pipeline alone, medians of 5 rounds, each model in its own process."""
+    print("== per-pass verification: the pipeline with it against without it (medians of 5 rounds; target < 2x)")
+    print(f"  {'model':<18} {'checks':>6} {'pipeline s':>10} {'verified s':>10} {'ratio':>6}  rounds")
     for name in json.loads((ZOO / "manifest.json").read_text()):
         out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--overhead", name],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        for row in json.loads(out.stdout.strip().splitlines()[-1]):
-            p, v = statistics.median(row["plain"]), statistics.median(row["verified"])
-            rounds = ", ".join(f"{b / a:.2f}" for a, b in zip(row["plain"], row["verified"]))
-            print(f"  {name:<18} {row['checks']:>6} {row['mode']:>7} {p:10.3f} {v:10.3f} {v / p:5.2f}x  {rounds}")
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        p, v = statistics.median(row["plain"]), statistics.median(row["verified"])
+        rounds = ", ".join(f"{b / a:.2f}" for a, b in zip(row["plain"], row["verified"]))
+        print(f"  {name:<18} {row['checks']:>6} {p:10.3f} {v:10.3f} {v / p:5.2f}x  {rounds}")
 
 
 def _resnet_style(blocks: int) -> "object":
@@ -383,9 +286,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) in (3, 4, 5) and sys.argv[1] == "--cli":
-        print(json.dumps(cli_model(*sys.argv[2:])))
-    elif len(sys.argv) == 3 and sys.argv[1] == "--one":
+    if len(sys.argv) == 3 and sys.argv[1] == "--one":
         print(json.dumps(one_model(sys.argv[2])))
     elif len(sys.argv) == 3 and sys.argv[1] == "--overhead":
         print(json.dumps(overhead_rows(sys.argv[2])))

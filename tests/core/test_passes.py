@@ -118,3 +118,57 @@ def test_misses_are_recorded():
     m = Model(chain_model(2))
     report = PassManager([Stage("s", [FoldAddChain])]).run(m)
     assert [(x.rule, x.reason) for x in report.misses] == [("FoldAddChain", "producer is not an Add")]
+
+
+def test_transform_applies_a_pass_until_it_changes_nothing():
+    m = Model(add_chain(5))
+    assert m.transform(FoldAddChain(max_rewrites=1)) is m and len(m) == 1  # one rewrite per run, four runs
+    with pytest.raises(FixpointError, match="Grow still changed the model after 3 runs"):
+        Model(chain_model(2)).transform(Grow(), max_iterations=3)
+
+
+class Crash(Transformation):
+    """Fails on any graph."""
+
+    def apply(self, model):
+        raise RuntimeError("cannot handle the graph")
+
+
+class Calls:
+    """A hook recording what the manager calls, in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def before_stage(self, stage, model):
+        self.calls.append(("before_stage", stage.name))
+
+    def before_pass(self, p, model, stage):
+        self.calls.append(("before_pass", p.name))
+
+    def after_pass(self, p, model, stage, record):
+        self.calls.append(("after_pass", record.name))
+
+    def after_stage(self, stage, model):
+        self.calls.append(("after_stage", stage.name))
+
+    def after_run(self, model, report):
+        self.calls.append(("after_run", len(report.records)))
+
+    def on_error(self, exc):
+        self.calls.append(("on_error", type(exc).__name__))
+
+
+def test_hooks_are_called_in_order_and_a_failed_run_keeps_its_partial_report():
+    hook = Calls()
+    manager = PassManager([Stage("a", [FoldAddChain])], [hook])
+    manager.run(Model(add_chain(2)))
+    assert hook.calls == [("before_stage", "a"), ("before_pass", "FoldAddChain"), ("after_pass", "FoldAddChain"),
+                          ("after_stage", "a"), ("after_run", 1)]
+    hook = Calls()
+    manager = PassManager([Stage("a", [FoldAddChain]), Stage("b", [Crash])], [hook])
+    with pytest.raises(RuntimeError, match="cannot handle"):
+        manager.run(Model(add_chain(3)))
+    assert [(r.stage, r.name, r.changed) for r in manager.report.records] == [("a", "FoldAddChain", True)]
+    assert isinstance(manager.current[0], Crash) and manager.current[1].name == "b"
+    assert hook.calls[-2:] == [("before_pass", "Crash"), ("on_error", "RuntimeError")]
