@@ -13,12 +13,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from finnlite.compat import IR_VERSION, fix_ir_version
 from finnlite.errors import ModelLoadError
+from finnlite.tensors import DepthwiseWeight
 
 #: Above this many bytes a model must store its initializers as external data (protobuf's 2 GB limit).
 _PROTOBUF_LIMIT = 2**31 - 2**20
@@ -157,8 +159,63 @@ def check_output_path(path: str | os.PathLike, *, source: str | os.PathLike | No
 
 
 def save_model(model: ir.Model, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
-    """Write an ``onnx_ir`` model to ``path`` atomically; see :meth:`finnlite.Model.save` and :func:`save_proto`."""
-    save_proto(to_proto(model), path, external_data=external_data)
+    """Write an ``onnx_ir`` model to ``path`` atomically; see :meth:`finnlite.Model.save`. Without external data
+    the file is streamed: the model without its initializers, then one initializer at a time, in the bytes
+    ``to_proto(model).SerializeToString()`` gives — where serializing the whole model held every weight three
+    times (the model's arrays, the ModelProto and its serialization).
+    External data (asked for, or a model over protobuf's 2 GB limit) goes through :func:`save_proto`."""
+    path = Path(path)
+    folder = _check_target(path)
+    if external_data:
+        save_proto(to_proto(model), path, external_data=True)
+        return
+    head, tail, tensors = _skeleton(model)
+    parts = [_array_parts(t) for t in tensors]
+    sizes = [_parts_size(p) if p is not None else len(ir.serde.serialize_tensor(t).SerializeToString())
+             for t, p in zip(tensors, parts)]
+    graph_size = len(head[1]) + len(tail[0]) + sum(_field_size(n) for n in sizes)
+    model_size = len(head[0]) + _field_size(graph_size) + len(tail[1])
+    if model_size > _PROTOBUF_LIMIT:
+        save_proto(to_proto(model), path, external_data=True)
+        return
+    fd, model_tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(head[0] + _key(7) + _varint(graph_size) + head[1])
+            for tensor, part, size in zip(tensors, parts, sizes):
+                fh.write(_key(5) + _varint(size))
+                if part is not None:  # the array's bytes go straight to the file
+                    fh.write(part[0] + _key(9) + _varint(part[1]))
+                    fh.flush()
+                    tensor.tofile(fh)
+                    fh.write(part[2])
+                    continue
+                data = ir.serde.serialize_tensor(tensor).SerializeToString()
+                if len(data) != size:  # should not happen: write the model in one piece
+                    fh.seek(0)
+                    fh.truncate()
+                    fh.write(to_proto(model).SerializeToString())
+                    break
+                fh.write(data)
+                del data
+            else:
+                fh.write(tail[0] + tail[1])
+        os.replace(model_tmp, path)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot save: {exc.strerror}", file=str(path)) from None
+    finally:
+        if os.path.exists(model_tmp):
+            os.unlink(model_tmp)
+
+
+def _check_target(path: Path) -> Path:
+    """The folder of ``path``; a :class:`ModelLoadError` if it does not exist or ``path`` is a directory."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ModelLoadError("cannot save: the output folder does not exist", file=str(path))
+    if path.is_dir():
+        raise ModelLoadError("cannot save: the output path is a directory", file=str(path))
+    return folder
 
 
 def to_proto_without(model: ir.Model, names: Iterable[str], *, node_metadata: bool = True,
@@ -191,6 +248,112 @@ def to_proto_without(model: ir.Model, names: Iterable[str], *, node_metadata: bo
     del proto.graph.initializer[:]
     proto.graph.initializer.extend(kept)
     return proto
+
+
+def _skeleton(model: ir.Model) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes], list[Any]]:
+    """The serialized model without the main graph's initializers, cut where they go: ``(model fields before the
+    graph, graph fields before the initializers)``, ``(graph fields after them, model fields after the graph)``,
+    and the initializers' tensors in order (named as serialization names them). Fields are in field-number
+    order, as protobuf serializes them."""
+    values = [v for v in model.graph.initializers.values() if v.const_value is not None]
+    tensors = [v.const_value for v in values]
+    proto = to_proto_without(model, [v.name for v in values])
+    for v, t in zip(values, tensors):
+        t.name = v.name  # as serialization does
+    del proto.graph.initializer[:]
+    data = proto.SerializeToString()
+    graph = [f for f in _fields(data) if f[0] == 7]
+    if len(graph) != 1:
+        raise ValueError("expected one graph field")
+    _, start, body, end = graph[0]
+    gdata = data[body:end]
+    gfields = _fields(gdata)
+    before = b"".join(gdata[s:e] for n, s, _, e in gfields if n < 5)
+    after = b"".join(gdata[s:e] for n, s, _, e in gfields if n > 5)
+    return (data[:start], before), (after, data[end:]), tensors
+
+
+def _array_parts(tensor: Any) -> tuple[bytes, int, bytes] | None:
+    """For a numpy-backed tensor or a :class:`~finnlite.tensors.DepthwiseWeight` (whose ``tofile`` writes the dense
+    matrix block by block), its serialized TensorProto as ``(fields before raw_data, data bytes, fields after)``,
+    made without copying the data; None for other tensors (serialized whole)."""
+    if isinstance(tensor, DepthwiseWeight):
+        dtype = tensor.kernel.dtype
+    elif (isinstance(tensor, ir.Tensor) and isinstance(tensor.raw, np.ndarray) and tensor.dtype.itemsize >= 1
+          and tensor.raw.nbytes == tensor.nbytes):
+        dtype = tensor.raw.dtype
+    else:
+        return None
+    probe = ir.Tensor(np.zeros(0, dtype), dtype=tensor.dtype, name=tensor.name,
+                      doc_string=tensor.doc_string, metadata_props=dict(tensor.metadata_props))
+    stub = ir.serde.serialize_tensor(probe)
+    stub.ClearField("dims")
+    stub.dims.extend(tensor.shape.numpy())
+    data = stub.SerializeToString()
+    fields = _fields(data)
+    if [n for n, *_ in fields].count(9) != 1:
+        return None
+    before = b"".join(data[s:e] for n, s, _, e in fields if n < 9)
+    after = b"".join(data[s:e] for n, s, _, e in fields if n > 9)
+    return before, tensor.nbytes, after
+
+
+def _parts_size(parts: tuple[bytes, int, bytes]) -> int:
+    before, n, after = parts
+    return len(before) + 1 + len(_varint(n)) + n + len(after)
+
+
+def _key(field: int) -> bytes:
+    return _varint(field << 3 | 2)  # a length-delimited field
+
+
+def _field_size(n: int) -> int:
+    """Bytes of a length-delimited field numbered below 16 (one key byte) holding ``n`` bytes."""
+    return 1 + len(_varint(n)) + n
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _fields(data: bytes) -> list[tuple[int, int, int, int]]:
+    """``(field number, start, payload start, end)`` of the top-level fields of a serialized message."""
+    out = []
+    i = 0
+    while i < len(data):
+        start = i
+        key, i = _read_varint(data, i)
+        wire = key & 7
+        body = i
+        if wire == 0:
+            _, i = _read_varint(data, i)
+        elif wire == 1:
+            i += 8
+        elif wire == 2:
+            length, body = _read_varint(data, i)
+            i = body + length
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError(f"unexpected wire type {wire}")
+        out.append((key >> 3, start, body, i))
+    return out
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, i
+        shift += 7
 
 
 def save_proto(proto: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None) -> None:

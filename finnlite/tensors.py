@@ -7,7 +7,7 @@ into ``[C, 1, kh, kw]``). Dense, that matrix is ``kh·kw·C`` times the weights 
 :class:`DepthwiseWeight` is that matrix as an ``onnx_ir`` tensor (a :class:`onnx_ir.LazyTensor`) that stores only
 the ``[C, kh, kw]`` kernel. Everything that asks for its contents gets the exact dense matrix (``numpy()``,
 ``tobytes()``, serialization, :meth:`finnlite.Model.get_initializer`, a qonnx ModelWrapper), made on demand and not
-kept; :meth:`DepthwiseWeight.tofile` writes it block by block. Code that knows the form works on the kernel
+kept; :meth:`DepthwiseWeight.tofile` (saving) writes it block by block. Code that knows the form works on the kernel
 instead: the executor runs it as a grouped ``Conv`` (:mod:`custom_ops.intconv`), datatype and range inference and
 the inference cost read the values and column sums from the kernel, the verifier fingerprints it by identity.
 """
