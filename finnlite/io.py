@@ -359,11 +359,7 @@ def _read_varint(data: bytes, i: int) -> tuple[int, int]:
 def save_proto(proto: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
     """Write ``proto`` to ``path`` atomically; see :meth:`finnlite.Model.save`."""
     path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ModelLoadError("cannot save: the output folder does not exist", file=str(path))
-    if path.is_dir():
-        raise ModelLoadError("cannot save: the output path is a directory", file=str(path))
+    folder = _check_target(path)
     data: bytes | None = None
     if external_data is None:
         # serializing once answers the size question too (ByteSize() costs as much as serializing)

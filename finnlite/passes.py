@@ -267,17 +267,6 @@ class RunReport:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     misses: list[Miss] = field(default_factory=list)
 
-    def pass_seconds(self) -> dict[str, float]:
-        """Total time per pass name."""
-        out: dict[str, float] = {}
-        for r in self.records:
-            out[r.name] = out.get(r.name, 0.0) + r.seconds
-        return out
-
-    @property
-    def total_seconds(self) -> float:
-        return sum(self.stage_seconds.values())
-
 
 class Hook(Protocol):
     """What the manager calls on its hooks, in this order; a hook defines only the methods it needs."""

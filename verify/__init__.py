@@ -21,7 +21,7 @@ from verify.hook import CheckRecord, PassVerificationError, VerificationHook
 from finnlite.policies import (DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, equality, metric, resolve_policy,
                              tolerance)
 from verify.reference import ReferenceData, ReferenceDataError
-from verify.run import Overhead, VerifiedRun, measure_overhead, verified_run
+from verify.run import VerifiedRun, verified_run
 from verify.structure import Issue, StructureReport, check_datatypes, check_structure
 from verify.ties import Margin, NearTie
 from verify.verifier import CheckOutcome, Verifier
@@ -36,5 +36,5 @@ __all__ = [
     "BisectResult", "bisect_pipeline",
     "Issue", "StructureReport", "check_structure", "check_datatypes",
     "FloatNode", "FloatReport", "float_report",
-    "VerifiedRun", "verified_run", "Overhead", "measure_overhead",
+    "VerifiedRun", "verified_run",
 ]

@@ -273,9 +273,6 @@ class VerificationHook:
         if self._per_stage(stage) and self._stage_runs:
             self._check_stage(model, stage)
 
-    def after_run(self, model: Model, report: Any = None) -> None:
-        """Nothing is pending once the run ended: each check ran before the next pass."""
-
     def on_error(self, exc: BaseException) -> None:
         """The pipeline failed: the runs of a stage waiting for its end-of-stage check are dropped."""
         self._stage_runs = []
