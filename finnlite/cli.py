@@ -24,7 +24,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from finnlite.errors import FinnliteError
+from finnlite.errors import ConfigError, FinnliteError
+from finnlite.io import check_output_path
+from finnlite.model import Model
+from finnlite.passes import list_passes
+from finnlite.validate import validate_model
 
 log = logging.getLogger("finnlite")
 #: exit code for an unexpected exception (a bug), distinct from 2 (bad input or usage) and 1 (failed verification)
@@ -35,12 +39,6 @@ class _ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # usage errors: one line and exit code 2
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _check_output_path(inp: Path, out: Path) -> None:
-    from finnlite.io import check_output_path
-
-    check_output_path(out, source=inp)
 
 
 def _progress(enabled: bool) -> Any:
@@ -64,11 +62,9 @@ def _emit_json(data: Any) -> None:
 
 def cmd_streamline(args: argparse.Namespace) -> int:
     from finnlite.build import streamline
-    from finnlite.errors import ConfigError
-    from finnlite.model import Model
 
     inp, out = Path(args.input), Path(args.output)
-    _check_output_path(inp, out)
+    check_output_path(out, source=inp)
     report_path = Path(args.report) if args.report else None
     if report_path is not None and not (report_path.parent if str(report_path.parent) else Path(".")).is_dir():
         raise ConfigError("the report folder does not exist", file=str(report_path))
@@ -110,7 +106,6 @@ def cmd_streamline(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from finnlite.cost import datatype_histogram, inference_cost
-    from finnlite.model import Model
 
     model = Model(args.model)
     hist = model.op_histogram()
@@ -135,8 +130,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
-    from finnlite.passes import list_passes
-
     for stage in _config(args).build_stages():
         names = [p if isinstance(p, str) else p.name for p in stage.passes]
         print(f"stage {stage.name}{' (fixpoint)' if stage.fixpoint else ''}: {', '.join(names)}")
@@ -149,8 +142,6 @@ def cmd_passes(args: argparse.Namespace) -> int:
 def _load_arrays(path: str, input_names: list[str]) -> dict[str, Any]:
     """Inputs from a .npy file (single-input models) or a .npz file keyed by input name (any key for one input)."""
     import numpy as np
-
-    from finnlite.errors import ConfigError
 
     if not Path(path).is_file():
         raise ConfigError("input file not found", file=path)
@@ -174,7 +165,6 @@ def cmd_exec(args: argparse.Namespace) -> int:
     import numpy as np
 
     from custom_ops.executor import Executor
-    from finnlite.model import Model
 
     model = Model(args.model)
     inputs = _load_arrays(args.inputs, model.input_names)
@@ -203,7 +193,6 @@ def cmd_exec(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from finnlite.build import make_reference
     from finnlite.config import Config
-    from finnlite.model import Model
     from verify import final_check
 
     original, candidate = Model(args.reference), Model(args.model)
@@ -229,8 +218,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     from finnlite.build import make_reference
-    from finnlite.model import Model
-    from finnlite.validate import validate_model
     from verify import bisect_pipeline
 
     config = _config(args)

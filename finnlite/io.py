@@ -190,16 +190,8 @@ def save_model(model: ir.Model, path: str | os.PathLike, *, external_data: bool 
                     tensor.tofile(fh)
                     fh.write(part[2])
                     continue
-                data = ir.serde.serialize_tensor(tensor).SerializeToString()
-                if len(data) != size:  # should not happen: write the model in one piece
-                    fh.seek(0)
-                    fh.truncate()
-                    fh.write(to_proto(model).SerializeToString())
-                    break
-                fh.write(data)
-                del data
-            else:
-                fh.write(tail[0] + tail[1])
+                fh.write(ir.serde.serialize_tensor(tensor).SerializeToString())  # its size was counted the same way
+            fh.write(tail[0] + tail[1])
         os.replace(model_tmp, path)
     except OSError as exc:
         raise ModelLoadError(f"cannot save: {exc.strerror}", file=str(path)) from None

@@ -60,7 +60,8 @@ class Model:
         if isinstance(source, ir.Model):
             self.ir = source
         else:
-            proto, self.path = model_io.load_proto(source)
+            proto, self.path = model_io.load_proto(source)  # a copy of ours
+            _drop_initializer_inputs(proto)
             if check:
                 _check_single_producers(proto, self.path)
             try:
@@ -592,6 +593,17 @@ def _check_single_producers(proto: onnx.ModelProto, path: str | None) -> None:
                 raise GraphError("tensor is produced more than once", file=path,
                                  node=node.name or node.op_type, tensor=name)
             produced.add(name)
+
+
+def _drop_initializer_inputs(proto: onnx.ModelProto) -> None:
+    """Remove the graph inputs that are initializers (as Brevitas' torch.export exporter writes them) from
+    ``proto`` before onnx_ir reads it: removed from an onnx_ir graph's inputs afterwards, each stays referenced by
+    the input list (onnx_ir keeps a count of 0 for it), and with it its weight, after a pass replaced it."""
+    inits = {t.name for t in proto.graph.initializer}
+    keep = [vi for vi in proto.graph.input if vi.name not in inits]
+    if len(keep) != len(proto.graph.input):
+        del proto.graph.input[:]
+        proto.graph.input.extend(keep)
 
 
 def as_model(source: Any) -> Model:
