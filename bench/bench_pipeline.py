@@ -142,9 +142,17 @@ def zoo_table() -> None:
 
 
 def _command(name: str, verify: str) -> dict:
-    """One ``finnlite streamline --verify VERIFY`` command on a zoo model, in a process of its own, as a user runs
-    it (defaults otherwise): its wall time (interpreter start-up included) and its peak RSS (``ru_maxrss`` of the
-    child, from ``os.wait4``)."""
+    """One ``finnlite streamline --verify VERIFY`` command on a zoo model, started from a small launcher process
+    (``--command``): a child of this grown process would inherit its peak RSS (``ru_maxrss`` survives fork and
+    exec), a child of the launcher does not."""
+    out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--command", name, verify],
+                         capture_output=True, text=True, cwd=REPO, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def launch(name: str, verify: str) -> dict:
+    """In the launcher: run the command as a user runs it (defaults otherwise); its wall time (interpreter start-up
+    included) and its peak RSS (``ru_maxrss`` of the child, from ``os.wait4``)."""
     entry = json.loads((ZOO / "manifest.json").read_text())[name]
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "finnlite.cli", "streamline", str(ZOO / entry["file"]), "-o",
@@ -304,7 +312,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--one":
+    if len(sys.argv) == 4 and sys.argv[1] == "--command":
+        print(json.dumps(launch(sys.argv[2], sys.argv[3])))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--one":
         print(json.dumps(one_model(sys.argv[2])))
     elif len(sys.argv) == 3 and sys.argv[1] == "--overhead":
         print(json.dumps(overhead_rows(sys.argv[2])))
