@@ -1,7 +1,8 @@
 """numpy kernels for the standard ops onnxruntime's CPU provider has no double kernel for.
 
 The executor's float64 mode (``Executor(model, dtype=np.float64)``, used to tell float32 near-ties from bugs) runs
-these nodes alone through numpy: ``Conv``, ``AveragePool`` and ``GlobalAveragePool`` — what quantized CNNs use.
+these nodes alone through numpy: ``Conv``, ``AveragePool`` and ``GlobalAveragePool`` — what quantized CNNs use —
+and the activations ``LeakyRelu``, ``PRelu`` and ``HardSigmoid`` (found between quantizers in Brevitas exports).
 They follow the ONNX operator definitions (explicit ``pads`` or ``auto_pad``, ``strides``, ``dilations``,
 ``group``; ``count_include_pad``); ``ceil_mode`` pooling is not supported and raises an :class:`OpError`.
 """
@@ -106,11 +107,33 @@ def global_average_pool(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None
     return [x.mean(axis=tuple(range(2, x.ndim)), keepdims=True)]
 
 
+def leaky_relu(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """ONNX LeakyRelu: x for x ≥ 0, alpha·x otherwise (alpha defaults to 0.01)."""
+    x, alpha = inputs[0], float(attrs_of(node).get("alpha", 0.01))
+    return [np.where(x >= 0, x, alpha * x)]
+
+
+def prelu(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """ONNX PRelu: x for x ≥ 0, slope·x otherwise (slope broadcast against x)."""
+    x, slope = inputs[0], inputs[1]
+    return [np.where(x >= 0, x, slope.astype(x.dtype) * x)]
+
+
+def hard_sigmoid(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """ONNX HardSigmoid: max(0, min(1, alpha·x + beta)) (alpha 0.2 and beta 0.5 by default)."""
+    attrs = attrs_of(node)
+    x, alpha, beta = inputs[0], float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    return [np.clip(alpha * x + beta, 0.0, 1.0)]
+
+
 #: op_type → kernel(node, inputs) for the default domain
 FLOAT64_KERNELS: dict[str, Callable[[onnx.NodeProto, Sequence[np.ndarray | None]], list[np.ndarray]]] = {
     "Conv": conv,
     "AveragePool": average_pool,
     "GlobalAveragePool": global_average_pool,
+    "LeakyRelu": leaky_relu,
+    "PRelu": prelu,
+    "HardSigmoid": hard_sigmoid,
 }
 
 
