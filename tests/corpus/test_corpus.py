@@ -20,9 +20,6 @@ _MONOTONE = ("the BatchNorm Mul/Add before the float {op} stay float: no rule tu
              "by a quantizer into thresholds (the quantizer's thresholds mapped through the inverse of {op})")
 _FLOAT_GAP = ("the float {op} stays float: no rule turns a global average into an integer sum and a scale, and it has "
               "no NHWC rule (a Transpose back to NCHW is inserted: 2 Transposes)")
-_TRUNC_UP = ("the Trunc after the AveragePool multiplies by 4 (out_scale = scale/4, 6 input bits, 8 output bits): "
-             "AvgPoolAndTruncToQuantAvgPool takes only a right shift (a power of two >= 1), so the AveragePool stays "
-             "float, with no NHWC rule (2 Transposes)")
 _UNEQUAL = ("the branches' scales (different quantizers) differ and their ratio is not a small fraction: the "
             "{what} stays float (MoveLinearPastEltwiseAdd / the per-channel Mul cannot pass the next Conv)")
 
@@ -44,7 +41,6 @@ KNOWN_GAPS: dict[str, str] = {
     "pool_float_mean_ts": _FLOAT_GAP.format(op="ReduceMean"),
     "pool_trunc_adaptive_dyn": _FLOAT_GAP.format(op="ReduceMean (TruncAdaptiveAvgPool2d to 1x1)"),
     "pool_trunc_adaptive_ts": _FLOAT_GAP.format(op="GlobalAveragePool (TruncAdaptiveAvgPool2d to 1x1)"),
-    **{f"pool_trunc_{r}_{e}": _TRUNC_UP for r in ("floor", "round") for e in ("dyn", "ts")},
     **{f"resnet_mini_{e}": "residual Adds of branches with different quantizers (scale ratio not a small fraction) "
        "stay float, and " + _FLOAT_GAP.format(op="GlobalAveragePool before the 8-bit requantizer")
        for e in ("dyn", "ts")},
