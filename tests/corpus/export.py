@@ -329,13 +329,18 @@ class Tokens(nn.Module):
 
 # -- kind 9: small ResNet (CIFAR style) ----------------------------------------------------------------------------
 class Block(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
+    """A basic block; ``shared``: one quantizer on the residual branch and on the shortcut (the identity shortcut
+    is requantized by it), as Brevitas' ResNet examples do, so that both summands have one scale."""
+
+    def __init__(self, cin: int, cout: int, stride: int, shared: bool = False) -> None:
         super().__init__()
+        self.shared = shared
         self.c1, self.b1, self.a1 = conv(cin, cout, stride=stride), nn.BatchNorm2d(cout), relu(4)
         self.c2, self.b2 = conv(cout, cout), nn.BatchNorm2d(cout)
         self.q = qnn.QuantIdentity(act_quant=Int8ActPerTensorFloat, bit_width=4, return_quant_tensor=False)
         if stride != 1 or cin != cout:
             self.down = nn.Sequential(conv(cin, cout, k=1, pad=0, stride=stride), nn.BatchNorm2d(cout),
+                                      self.q if shared else
                                       qnn.QuantIdentity(act_quant=Int8ActPerTensorFloat, bit_width=4))
         else:
             self.down = None
@@ -343,19 +348,19 @@ class Block(nn.Module):
 
     def forward(self, x):
         y = self.q(self.b2(self.c2(self.a1(self.b1(self.c1(x))))))
-        s = self.down(x) if self.down is not None else x
+        s = self.down(x) if self.down is not None else (self.q(x) if self.shared else x)
         return self.out(y + s)
 
 
 class ResNetMini(nn.Module):
     """8-bit stem, three basic blocks (two with 1x1-conv downsample shortcuts), float global average pool, 8-bit
-    requantizer, 8-bit classifier."""
+    requantizer, 8-bit classifier; ``shared``: each block's summands share one quantizer."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: bool = False) -> None:
         super().__init__()
         self.inp = inq()
         self.stem, self.bn, self.act = conv(3, 8, bits=8), nn.BatchNorm2d(8), relu(4)
-        self.blocks = nn.Sequential(Block(8, 8, 1), Block(8, 16, 2), Block(16, 16, 2))
+        self.blocks = nn.Sequential(Block(8, 8, 1, shared), Block(8, 16, 2, shared), Block(16, 16, 2, shared))
         self.req = qnn.QuantIdentity(act_quant=Int8ActPerTensorFloat, bit_width=8)
         self.fc = linear(16, 10, bits=8)
 
@@ -391,6 +396,7 @@ SPECS: dict[str, tuple[str, Callable[[], nn.Module], tuple, tuple[float, float],
        for p in ("trunc_floor", "trunc_round", "trunc_adaptive", "float_adaptive", "float_mean")},
     "tokens": ("8 tokens", Tokens, (1, 3, 8, 8), (-1.0, 1.0), True),
     "resnet_mini": ("9 resnet", ResNetMini, (1, 3, 16, 16), (-1.0, 1.0), True),
+    "resnet_mini_shared": ("9 resnet", lambda: ResNetMini(True), (1, 3, 16, 16), (-1.0, 1.0), True),
     "bnn_tfc_1w2a": ("bnn_pynq", bnn_pynq("tfc_1w2a"), (1, 1, 28, 28), (0.0, 1.0), False),
     "bnn_sfc_1w1a": ("bnn_pynq", bnn_pynq("sfc_1w1a"), (1, 1, 28, 28), (0.0, 1.0), False),
     "bnn_lfc_1w2a": ("bnn_pynq", bnn_pynq("lfc_1w2a"), (1, 1, 28, 28), (0.0, 1.0), False),
