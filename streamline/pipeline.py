@@ -28,6 +28,7 @@ from finnlite.model import Model
 from finnlite.passes import PassManager, RunReport, Stage, Transformation, register_pass
 from finnlite.validate import validate_model
 from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
+from streamline.absorb_monotone import MONOTONE_PASSES
 from streamline.collapse import COLLAPSE_PASSES
 from streamline.datatypes import InferDataTypes
 from streamline.reduce import REDUCE_PASSES
@@ -46,8 +47,8 @@ class RemoveDeadNodes(Transformation):
 def streamline_passes() -> list:
     """One round of the streamlining fixpoint: datatypes first (the rules read them), then collapse, reorder,
     absorb, and the thresholds re-materialized for the datatypes the round produced."""
-    return [InferDataTypes, *COLLAPSE_PASSES, *REORDER_PASSES, *REDUCE_PASSES, *ABSORB_PASSES, RemoveDeadNodes,
-            InferDataTypes, MaterializeThresholds]
+    return [InferDataTypes, *COLLAPSE_PASSES, *REORDER_PASSES, *REDUCE_PASSES, *ABSORB_PASSES, *MONOTONE_PASSES,
+            RemoveDeadNodes, InferDataTypes, MaterializeThresholds]
 
 
 def default_stages() -> list[Stage]:

@@ -16,17 +16,11 @@ import pytest
 
 from tests.corpus.check import cache_dir, cached_entries, check_model, committed_entries, corpus_names
 
-_MONOTONE = ("the BatchNorm Mul/Add before the float {op} stay float: no rule turns a monotone nonlinearity followed "
-             "by a quantizer into thresholds (the quantizer's thresholds mapped through the inverse of {op})")
 _UNEQUAL = ("the branches' scales (different quantizers) differ and their ratio is not a small fraction: the "
             "{what} stays float (MoveLinearPastEltwiseAdd / the per-channel Mul cannot pass the next Conv)")
 
 #: model -> why it does not pass yet (checked: an entry that passes makes its test fail)
 KNOWN_GAPS: dict[str, str] = {
-    **{f"act_{a}_{e}": _MONOTONE.format(op=op) for a, op in (("tanh", "Tanh"), ("sigmoid", "Sigmoid"),
-                                                             ("hardsigmoid", "HardSigmoid"),
-                                                             ("leakyrelu", "LeakyRelu"), ("prelu", "PRelu"))
-       for e in ("dyn", "ts")},
     **{f"concat_distinct_{e}": _UNEQUAL.format(what="per-channel scale vector after the Concat")
        for e in ("dyn", "ts")},
     **{f"residual_distinct_{e}": _UNEQUAL.format(what="residual Add with its two Muls") for e in ("dyn", "ts")},
