@@ -437,7 +437,10 @@ def export_one(name: str, seed: int, committed: dict, cached: dict, cache: Path)
             print(f"{key}: export failed: {entry['error']}", file=sys.stderr)
             traceback.print_exc(limit=2)
             tmp.unlink(missing_ok=True)
+            Path(f"{tmp}.data").unlink(missing_ok=True)
             continue
+        # torch.export's ONNX writer leaves the weights it wrote beside the file; brevitas re-saves them inline
+        Path(f"{tmp}.data").unlink(missing_ok=True)
         size = tmp.stat().st_size
         proto = onnx.load(str(tmp))
         entry["nodes"] = len(proto.graph.node)
