@@ -1,7 +1,7 @@
-"""Monotone activations in front of a MultiThreshold: Tanh, Sigmoid, LeakyRelu, PRelu, HardSigmoid.
+"""Monotone activations in front of a MultiThreshold: Tanh, Sigmoid, LeakyRelu, PRelu, HardSigmoid, Clip.
 
 Brevitas' QuantTanh / QuantSigmoid, and a float LeakyReLU / PReLU / Hardsigmoid followed by a quantizer, export the
-float activation ``f`` and then a quantizer, which the convert stage makes a MultiThreshold on ``f(x)``. For a
+float activation ``f`` and then a quantizer (a ReLU6 or a hard tanh exports a Clip), which the convert stage makes a MultiThreshold on ``f(x)``. For a
 non-decreasing ``f`` the thresholds move through it: ``f(x) ≥ R ⇔ x ≥ f⁻¹(R)`` where ``f`` is strictly increasing
 (strictness kept), and where ``f`` is flat (a saturation, or outside its range) a threshold is passed by every ``x``
 (−∞) or by none (+∞). The MultiThreshold then reads ``x`` and absorbs the BatchNorm and scales before it as usual.
@@ -28,7 +28,7 @@ from finnlite.shapes import const_array
 from streamline.absorb import _mt_input_node, _set, absorb_channel_vector, real_thresholds_of, set_channel_axis
 from streamline.real_thresholds import RealThresholds
 
-_OPS = ("Tanh", "Sigmoid", "LeakyRelu", "PRelu", "HardSigmoid")
+_OPS = ("Tanh", "Sigmoid", "LeakyRelu", "PRelu", "HardSigmoid", "Clip")
 
 
 def _float_attr(node: ir.Node, name: str, default: float) -> Fraction:
@@ -58,15 +58,35 @@ def _inverse(op: str, params: tuple, r: Fraction, strict: bool) -> tuple[float, 
     return float((r - beta) / alpha), strict
 
 
+def _clip_bounds(node: ir.Node) -> tuple[float | None, float | None] | None:
+    """``(lo, hi)`` of a Clip (inputs from opset 11, attributes before; None for an absent bound), or None if a
+    bound is not a constant scalar."""
+    if "min" in node.attributes or "max" in node.attributes:
+        lo, hi = node.attributes.get("min"), node.attributes.get("max")
+        return (None if lo is None else float(lo.value)), (None if hi is None else float(hi.value))
+    out: list[float | None] = []
+    for i in (1, 2):
+        v = node.inputs[i] if len(node.inputs) > i else None
+        if v is None:
+            out.append(None)
+            continue
+        arr = const_array(v)
+        if arr is None or arr.size != 1:
+            return None
+        out.append(float(np.asarray(arr).ravel()[0]))
+    return out[0], out[1]
+
+
 @register_pass(group="absorb")
 class AbsorbMonotoneIntoMultiThreshold(Rule):
     """MultiThreshold(f(x)) → MultiThreshold(x) with thresholds f⁻¹(R), f ∈ {Tanh, Sigmoid, LeakyRelu, PRelu,
-    HardSigmoid}.
+    HardSigmoid}; MultiThreshold(Clip(x, lo, hi)) → thresholds that lo passes become −∞, those hi does not +∞.
 
     Algebra: f is non-decreasing, so ``f(x) ≥ R ⇔ x ≥ f⁻¹(R)`` where it is strictly increasing and the threshold
     is constantly passed or not where it is flat (module docstring; precision of f⁻¹ there too). Conditions: the
     activation feeds only the MultiThreshold; LeakyRelu's alpha, PRelu's slope (a constant, scalar or per channel of
-    the MultiThreshold's channel axis) and HardSigmoid's alpha are positive."""
+    the MultiThreshold's channel axis) and HardSigmoid's alpha are positive; Clip's bounds are constant scalars (a
+    Clip is exact: the identity between its bounds)."""
 
     op_types = ("MultiThreshold",)
 
@@ -75,6 +95,11 @@ class AbsorbMonotoneIntoMultiThreshold(Rule):
         if act is None:
             return None
         op, axis, slopes = act.op_type, None, None
+        if op == "Clip":
+            bounds = _clip_bounds(act)
+            if bounds is None:
+                return self.miss(node, "the Clip bounds are not constant scalars")
+            return node, act, bounds, None
         if op == "LeakyRelu":
             slopes = np.array([_float_attr(act, "alpha", 0.01)], dtype=object)
         elif op == "PRelu":
@@ -94,6 +119,11 @@ class AbsorbMonotoneIntoMultiThreshold(Rule):
     def rewrite(self, model: Any, match: Any) -> None:
         node, act, slopes, axis = match
         rt = real_thresholds_of(model, node)
+        if act.op_type == "Clip":
+            node.replace_input_with(0, act.inputs[0])
+            model.remove_node(act)
+            _set(model, node, rt.clip_composed(*slopes))
+            return
         rows = max(rt.shape[0], 1 if slopes is None else len(slopes))
         real = rt.broadcast_channels(rows).real if rows != rt.shape[0] else rt.real
         strict = rt.broadcast_channels(rows).strict if rows != rt.shape[0] else rt._full().strict

@@ -65,3 +65,26 @@ def test_decreasing_activation_is_left_alone():
     rule = AbsorbMonotoneIntoMultiThreshold()
     assert not rule.apply(model)
     assert [x.reason for x in rule.misses] == ["LeakyRelu with a non-positive slope is not increasing"]
+
+
+@pytest.mark.parametrize("lo,hi", [(0.0, 6.0), (-1.0, 1.0), (None, 0.5)])
+def test_clip_into_thresholds(lo, hi):
+    """A ReLU6 (Clip 0..6) or hard tanh between the scales and a quantizer whose range reaches past the bounds:
+    thresholds below lo are always passed, those above hi never; the Mul and Add before it are absorbed too."""
+    clip = helper.make_node("Clip", ["xb", "lo" if lo is not None else "", "hi"], ["f"], name="act")
+    nodes = [helper.make_node("Mul", ["x", "a"], ["xa"], name="scale"),
+             helper.make_node("Add", ["xa", "b"], ["xb"], name="bias"), clip,
+             helper.make_node("MultiThreshold", ["f", "thr"], ["y"], domain=QONNX_DOMAIN, out_dtype="INT4",
+                              out_bias=-8.0, name="mt")]
+    rt = quant_real_thresholds(np.float32(0.45), 0.0, 4, True, False)  # levels -3.6 .. 3.15
+    inits = {"a": RNG.uniform(0.01, 0.05, size=(1, C)).astype(np.float32),
+             "b": RNG.normal(size=(1, C)).astype(np.float32), "thr": rt.float_thresholds(), "hi": np.float32(hi)}
+    if lo is not None:
+        inits["lo"] = np.float32(lo)
+    proto = graph_model(nodes, {"x": [64, C]}, {"y": [64, C]}, inits)
+    model = Model(proto)
+    set_real_thresholds(model.get_nodes_by_op_type("MultiThreshold")[0], rt)
+    m = apply(model.to_proto(), ALL, annotate={"x": "INT8"})
+    assert [n.op_type for n in m.graph] == ["MultiThreshold"], [n.op_type for n in m.graph]
+    for _ in range(3):
+        compare(proto, m, {"x": RNG.integers(-128, 128, size=(64, C)).astype(np.float64)})
