@@ -115,6 +115,16 @@ def _per_axis(param: np.ndarray, axis: int, rank: int) -> np.ndarray:
     return param.reshape([param.size] + [1] * (rank - 1 - axis % rank))
 
 
+def _integer_bounds(dtype: np.dtype) -> tuple[int, int] | None:
+    """(min, max) of an integer numpy type of at most 32 bits, ml_dtypes' int4/uint4 included; else None."""
+    if dtype.name in ("int4", "uint4"):
+        return (-8, 7) if dtype.name == "int4" else (0, 15)
+    if dtype.kind not in "iu" or dtype.itemsize > 4:
+        return None
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
 def quantize_linear(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     """ONNX QuantizeLinear to an integer type: ``clip(round_half_even(x / s) + z, Qmin, Qmax)``, in the input's
     float type (float64 here); the output has the zero-point's integer type (uint8 without one)."""
@@ -122,11 +132,11 @@ def quantize_linear(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -
     x = inputs[0]
     axis = int(attrs.get("axis", 1))
     zero = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.zeros((), np.uint8)
-    if zero.dtype.kind not in "iu" or zero.dtype.itemsize > 4 or attrs.get("block_size"):
+    bounds = _integer_bounds(zero.dtype)
+    if bounds is None or attrs.get("block_size"):
         raise OpError(f"QuantizeLinear to {zero.dtype} (or block quantization) has no float64 kernel", node=node.name)
-    info = np.iinfo(zero.dtype)
     s, z = _per_axis(inputs[1], axis, x.ndim), _per_axis(zero, axis, x.ndim).astype(np.float64)
-    q = np.clip(np.round(x / s) + z, info.min, info.max)
+    q = np.clip(np.round(x / s) + z, *bounds)
     return [q.astype(zero.dtype)]
 
 
@@ -134,7 +144,7 @@ def dequantize_linear(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None])
     """ONNX DequantizeLinear of an integer tensor: ``(q − z)·s`` in float64."""
     attrs = attrs_of(node)
     q = inputs[0]
-    if q.dtype.kind not in "iu" or attrs.get("block_size"):
+    if _integer_bounds(q.dtype) is None or attrs.get("block_size"):
         raise OpError(f"DequantizeLinear of {q.dtype} (or block quantization) has no float64 kernel", node=node.name)
     axis = int(attrs.get("axis", 1))
     zero = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.zeros((), np.int64)

@@ -223,7 +223,8 @@ def narrowed(q: StepQuantizer, pre: Callable[[np.ndarray], np.ndarray]) -> StepQ
     if q.addend is not None or q.out_scale != 1.0:
         return q
     big = np.finfo(np.float32).max
-    ends = q.f(pre(np.broadcast_to(np.array([[-big, big]], np.float32), (q.channels.count, 2)).copy()))
+    with np.errstate(over="ignore"):
+        ends = q.f(pre(np.broadcast_to(np.array([[-big, big]], np.float32), (q.channels.count, 2)).copy()))
     keys, table = float32_to_key(ends), float32_to_key(q.table())
     counts = []
     for j in (0, 1):
