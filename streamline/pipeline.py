@@ -30,6 +30,7 @@ from finnlite.validate import validate_model
 from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
 from streamline.collapse import COLLAPSE_PASSES
 from streamline.datatypes import InferDataTypes
+from streamline.preprocess import MoveAddPastPaddedConv
 from streamline.reorder import REORDER_PASSES
 from streamline.tidy import TIDY_PASSES, MakeNodeNamesUnique
 
@@ -45,8 +46,8 @@ class RemoveDeadNodes(Transformation):
 def streamline_passes() -> list:
     """One round of the streamlining fixpoint: datatypes first (the rules read them), then collapse, reorder,
     absorb, and the thresholds re-materialized for the datatypes the round produced."""
-    return [InferDataTypes, *COLLAPSE_PASSES, *REORDER_PASSES, *ABSORB_PASSES, RemoveDeadNodes, InferDataTypes,
-            MaterializeThresholds]
+    return [InferDataTypes, *COLLAPSE_PASSES, *REORDER_PASSES, MoveAddPastPaddedConv, *ABSORB_PASSES, RemoveDeadNodes,
+            InferDataTypes, MaterializeThresholds]
 
 
 def default_stages() -> list[Stage]:
