@@ -86,8 +86,10 @@ class Outcome:
     float_nodes: list[str]
     samples: int
     exact: int                 # samples on which every output equals onnxruntime's bit for bit
-    unexplained: list[int]     # samples that differ from onnxruntime but are not float32 near-ties of the original
+    unexplained: list[int]     # samples whose dequantized outputs differ from onnxruntime's and are not float32
+    #                            near-ties of the original
     max_steps: float           # largest output deviation from onnxruntime, in output quantization steps
+    max_rel: float             # largest deviation of a float output (not dequantized), relative to its magnitude
     nodes_before: int
     nodes_after: int
 
@@ -121,7 +123,7 @@ def streamline_and_check(proto: onnx.ModelProto, inputs: dict[str, np.ndarray], 
     final.raise_for_errors()
     report = float_report(model, result.report)
     n = ref.num_samples
-    exact, max_steps, differ = n, 0.0, []
+    exact, max_steps, max_rel, differ = n, 0.0, 0.0, []
     if ort_reference:
         b0 = ref.specs[0].batch0
         got = Executor(model).run(inputs)
@@ -132,16 +134,21 @@ def streamline_and_check(proto: onnx.ModelProto, inputs: dict[str, np.ndarray], 
         for i in range(n):
             one = {k: v[i * b0:(i + 1) * b0] for k, v in inputs.items()}
             want = run(one)
-            same = True
+            same, levels_same = True, True
             for name, w in want.items():
                 g = got[name][i * b0:(i + 1) * b0]
-                same &= bool(np.array_equal(g, w))
+                equal = bool(np.array_equal(g, w))
+                same &= equal
                 d = float(np.max(np.abs(g.astype(np.float64) - w))) if w.size else 0.0
                 step = steps.get(name) or 0.0
-                max_steps = max(max_steps, d / step if step else (0.0 if d == 0 else np.inf))
+                if step:
+                    max_steps = max(max_steps, d / step)
+                    levels_same &= equal
+                else:  # a float output (no DequantizeLinear at the end): relative to its magnitude
+                    max_rel = max(max_rel, d / max(float(np.max(np.abs(w))), 1e-30))
             exact += int(same)
-            if not same:
+            if not levels_same:
                 differ.append(i)
     ties = set(final.near_tie_samples) | set(final.float_layer_tie_samples)
     return Outcome(model, report.integer_only, report.names(), n, exact, [i for i in differ if i not in ties],
-                   max_steps, nodes_before, len(model))
+                   max_steps, max_rel, nodes_before, len(model))

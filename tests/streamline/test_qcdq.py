@@ -8,6 +8,8 @@ on integer tensors and the outputs within one output step of onnxruntime.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -320,6 +322,17 @@ def test_onnxruntime_quantize_static_qdq(build, per_channel, activation, tmp_pat
     assert out.integer_only, out.float_nodes
     assert out.max_steps <= 1.0, out.max_steps
     assert not out.unexplained, (out.exact, out.unexplained)
+
+
+def test_brevitas_export_onnx_qcdq() -> None:
+    """A small CNN exported by Brevitas' export_onnx_qcdq (tests/streamline/data/make_brevitas_qcdq.py)."""
+    proto = onnx.load(str(Path(__file__).parent / "data" / "brevitas_qcdq.onnx"))
+    proto.ir_version = min(proto.ir_version, 10)
+    assert {"QuantizeLinear", "Clip", "DequantizeLinear"} <= {n.op_type for n in proto.graph.node}
+    out = streamline_and_check(proto, samples(proto, 32, seed=3, lo=-2.0, hi=2.0))
+    assert out.integer_only, out.float_nodes
+    # the output is the float Gemm of dequantized tensors: equal up to the float32 rounding of its sums
+    assert out.max_rel <= 1e-5, out.max_rel
 
 
 # -- the zoo through qonnx's QuantToQCDQ ----------------------------------------------------------------------------
