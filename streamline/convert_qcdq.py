@@ -246,9 +246,11 @@ def _plateau_point(level: int, s: np.float32) -> np.float32 | None:
 @equality
 @register_pass(group="tidy")
 class QCDQToQuant(Rule):
-    """QuantizeLinear(x, s, z) → [Clip(c_lo, c_hi)] → DequantizeLinear(·, s, z)  ⇒  Quant(x, s, 0, b, signed,
-    narrow), or Clip(x, a, b) → Quant(·, s, 0, B, signed, 0) for a range that is not standard; constant chains ⇒
-    Quant of the float weight onnxruntime computes (or that float constant).
+    """QuantizeLinear(x, s, z) → [Clip] → DequantizeLinear(·, s, z)  ⇒  [Clip(x, a, b) →] Quant(x, s, 0, b, ±, n).
+
+    The Clip in front (float32 bounds) only where the integer range is not a standard one, with the least standard
+    range B holding it as the Quant's; constant chains become the Quant of the float weight onnxruntime computes
+    (or that float constant, where a Quant would not reproduce it).
 
     Algebra (module docstring): ``DQ(Clip(Q(x))) = s·clip(round_half_even(fl32(x/s)), lo, hi)`` with
     ``[lo, hi] = [max(Qmin, c_lo) − z, min(Qmax, c_hi) − z]``; a Quant with zero-point 0 and that integer range

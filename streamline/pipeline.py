@@ -3,7 +3,8 @@
 ``default_stages()`` lists them; :func:`streamline_model` runs them on a :class:`finnlite.Model` in place with a
 :class:`finnlite.PassManager` and returns what happened. One pipeline for every model, no per-model step lists:
 
-1. ``tidy`` — shapes, constant folding, Gemm → MatMul, Conv bias → Add, Sub → Add (exact in float32);
+1. ``tidy`` — QDQ chains → Quant (:mod:`streamline.convert_qcdq`), shapes, constant folding, Gemm → MatMul,
+   Conv bias → Add, Sub → Add (exact in float32);
 2. ``convert`` — weight quantizers folded into integer initializers, activation quantizers → MultiThreshold,
    AveragePool + Trunc → QuantAvgPool2d (bit-exact in float32 where the scales allow);
 3. ``streamline`` (to a fixpoint) — collapse ∘ reorder ∘ absorb: every scale and bias moves forward and into the
@@ -68,8 +69,8 @@ def default_stages() -> list[Stage]:
         # overlapped little (the checks hold the GIL): cnv_1w1a's per-pass verification 0.24 -> 0.17 s without it
         Stage("lower", LOWER_PASSES, granularity="stage"),
         Stage("restreamline", streamline_passes(), fixpoint=True),
-        Stage("finalize", [SqueezeGlobalPoolOutput, InferDataTypes, RoundAndClipThresholds, RemoveDeadNodes, InferDataTypes,
-                           MakeNodeNamesUnique]),
+        Stage("finalize", [SqueezeGlobalPoolOutput, InferDataTypes, RoundAndClipThresholds, RemoveDeadNodes,
+                           InferDataTypes, MakeNodeNamesUnique]),
     ]
 
 

@@ -10,7 +10,7 @@ makes the MatMul and the elementwise chain after it 2-D, and restores the origin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir

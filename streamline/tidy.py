@@ -208,4 +208,5 @@ class SubToAdd(Rule):
 
 #: The tidy stage, in order.
 #: QCDQToQuant comes before constant folding, which would fold weight QDQ chains into plain float weights.
-TIDY_PASSES = [MakeNodeNamesUnique, InferShapes, QCDQToQuant, FoldConstants, GemmToMatMul, ConvBiasToAdd, SubToAdd, FoldConstants, InferShapes]
+TIDY_PASSES = [MakeNodeNamesUnique, InferShapes, QCDQToQuant, FoldConstants, GemmToMatMul, ConvBiasToAdd, SubToAdd,
+               FoldConstants, InferShapes]
