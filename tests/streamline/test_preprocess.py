@@ -36,7 +36,7 @@ def _conv_net(pad: int) -> onnx.ModelProto:
     inits = [init("w1", rng.standard_normal((6, 3, 3, 3)).astype(np.float32)),
              init("ws1", rng.uniform(0.05, 0.2, size=(6, 1, 1, 1)).astype(np.float32)),
              init("w2", rng.standard_normal((4, 6, 3, 3)).astype(np.float32)),
-             init("ws2", np.float32(0.1)), init("z0", np.float32(0)), init("b4", np.float32(4)),
+             init("ws2", np.float32(0.125)), init("z0", np.float32(0)), init("b4", np.float32(4)),
              init("as1", np.float32(0.25)), init("as2", np.float32(0.5))]
     return graph_model(nodes, {"x": [1, 3, 8, 8]}, {"y": [1, 4, size - 2, size - 2]}, inits)
 
