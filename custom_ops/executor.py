@@ -95,6 +95,9 @@ _FOLDED_BY_ROWS = {"Quant", "IntQuant", "BipolarQuant"}
 #: picks for a lone pooling node with known shapes, can differ from the plain ones (max of -0.0 and +0.0)
 _ALONE = {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool", "GlobalLpPool"}
 BATCH_MODES = ("per_item", "vectorized")
+#: element types onnxruntime's Python API cannot return as numpy arrays (packed 4-bit types)
+_NO_NUMPY_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
+                            if hasattr(onnx.TensorProto, name))
 #: the plan mode of ``run(return_all=True, windows=False)``: every tensor but the fused pairs' windows
 _ALL_BUT_WINDOWS = "all-but-windows"
 #: the plan mode of ``run(return_all=True, weights=False)``: every tensor but the weight quantizers' outputs
@@ -613,6 +616,8 @@ class Executor:
                 remaining = [i for i in remaining if i in blocked]
         # a region returns the graph tensors it computes that a later step or the caller needs
         skip = set(self._weight_quantizers) if return_all == _ALL_BUT_WEIGHTS else set()
+        if return_all:  # onnxruntime cannot hand int4/uint4 tensors (QDQ models) to numpy: not returned
+            skip |= {t for t, elem in self._types.items() if elem in _NO_NUMPY_TYPES}
         needed_later = set(self._outputs)
         for step in reversed(steps):
             if isinstance(step, RegionStep):

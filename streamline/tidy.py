@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from finnlite.passes import Rule, Transformation, register_pass
 from finnlite.shapes import const_array
+from streamline.convert_qcdq import QCDQToQuant
 
 _QUANT_OPS = ("Quant", "IntQuant", "BipolarQuant")
 
@@ -255,4 +256,6 @@ class FoldTransposeIntoQuantInit(Rule):
 
 
 #: The tidy stage, in order.
-TIDY_PASSES = [MakeNodeNamesUnique, InferShapes, FoldConstants, FoldTransposeIntoQuantInit, GemmToMatMul, ConvBiasToAdd, SubToAdd, FoldConstants, InferShapes]
+#: QCDQToQuant comes before constant folding, which would fold weight QDQ chains into plain float weights.
+TIDY_PASSES = [MakeNodeNamesUnique, InferShapes, QCDQToQuant, FoldConstants, FoldTransposeIntoQuantInit, GemmToMatMul,
+               ConvBiasToAdd, SubToAdd, FoldConstants, InferShapes]
