@@ -95,6 +95,9 @@ _FOLDED_BY_ROWS = {"Quant", "IntQuant", "BipolarQuant"}
 #: picks for a lone pooling node with known shapes, can differ from the plain ones (max of -0.0 and +0.0)
 _ALONE = {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool", "GlobalLpPool"}
 BATCH_MODES = ("per_item", "vectorized")
+#: element types onnxruntime's Python API cannot return as numpy arrays (packed 4-bit types)
+_NO_NUMPY_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
+                            if hasattr(onnx.TensorProto, name))
 #: the plan mode of ``run(return_all=True, windows=False)``: every tensor but the fused pairs' windows
 _ALL_BUT_WINDOWS = "all-but-windows"
 
@@ -583,10 +586,13 @@ class Executor:
                     steps.append(self._region(taken, batched, fused))
                 remaining = [i for i in remaining if i in blocked]
         # a region returns the graph tensors it computes that a later step or the caller needs
+        # onnxruntime cannot hand int4/uint4 tensors (QDQ models) to numpy: they are returned only where a later step
+        # reads them
+        skip = {t for t, elem in self._types.items() if elem in _NO_NUMPY_TYPES} if return_all else set()
         needed_later = set(self._outputs)
         for step in reversed(steps):
             if isinstance(step, RegionStep):
-                step.outputs = [t for t in step.produced if return_all or t in needed_later]
+                step.outputs = [t for t in step.produced if (return_all and t not in skip) or t in needed_later]
             needed_later.update(step.inputs)
         return Plan([s for s in steps if not isinstance(s, RegionStep) or s.outputs],
                     keep=None if return_all else set(self._outputs))

@@ -1,7 +1,9 @@
 """numpy kernels for the standard ops onnxruntime's CPU provider has no double kernel for.
 
 The executor's float64 mode (``Executor(model, dtype=np.float64)``, used to tell float32 near-ties from bugs) runs
-these nodes alone through numpy: ``Conv``, ``AveragePool`` and ``GlobalAveragePool`` — what quantized CNNs use.
+these nodes alone through numpy: ``Conv``, ``AveragePool`` and ``GlobalAveragePool`` — what quantized CNNs use —
+and the activations ``LeakyRelu``, ``PRelu`` and ``HardSigmoid`` (found between quantizers in Brevitas exports),
+and ``QuantizeLinear``/``DequantizeLinear`` to and from integer types (QDQ models; onnxruntime wants float32 scales).
 They follow the ONNX operator definitions (explicit ``pads`` or ``auto_pad``, ``strides``, ``dilations``,
 ``group``; ``count_include_pad``); ``ceil_mode`` pooling is not supported and raises an :class:`OpError`.
 """
@@ -106,11 +108,78 @@ def global_average_pool(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None
     return [x.mean(axis=tuple(range(2, x.ndim)), keepdims=True)]
 
 
+def leaky_relu(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """ONNX LeakyRelu: x for x ≥ 0, alpha·x otherwise (alpha defaults to 0.01)."""
+    x, alpha = inputs[0], float(attrs_of(node).get("alpha", 0.01))
+    return [np.where(x >= 0, x, alpha * x)]
+
+
+def prelu(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """ONNX PRelu: x for x ≥ 0, slope·x otherwise (slope broadcast against x)."""
+    x, slope = inputs[0], inputs[1]
+    return [np.where(x >= 0, x, slope.astype(x.dtype) * x)]
+
+
+def hard_sigmoid(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """ONNX HardSigmoid: max(0, min(1, alpha·x + beta)) (alpha 0.2 and beta 0.5 by default)."""
+    attrs = attrs_of(node)
+    x, alpha, beta = inputs[0], float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    return [np.clip(alpha * x + beta, 0.0, 1.0)]
+def _per_axis(param: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """A per-axis (1-D) quantization parameter shaped to broadcast along ``axis``; a scalar as it is."""
+    param = np.asarray(param)
+    if param.ndim == 0 or param.size == 1:
+        return param.reshape(())
+    return param.reshape([param.size] + [1] * (rank - 1 - axis % rank))
+
+
+def _integer_bounds(dtype: np.dtype) -> tuple[int, int] | None:
+    """(min, max) of an integer numpy type of at most 32 bits, ml_dtypes' int4/uint4 included; else None."""
+    if dtype.name in ("int4", "uint4"):
+        return (-8, 7) if dtype.name == "int4" else (0, 15)
+    if dtype.kind not in "iu" or dtype.itemsize > 4:
+        return None
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def quantize_linear(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """ONNX QuantizeLinear to an integer type: ``clip(round_half_even(x / s) + z, Qmin, Qmax)``, in the input's
+    float type (float64 here); the output has the zero-point's integer type (uint8 without one)."""
+    attrs = attrs_of(node)
+    x = inputs[0]
+    axis = int(attrs.get("axis", 1))
+    zero = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.zeros((), np.uint8)
+    bounds = _integer_bounds(zero.dtype)
+    if bounds is None or attrs.get("block_size"):
+        raise OpError(f"QuantizeLinear to {zero.dtype} (or block quantization) has no float64 kernel", node=node.name)
+    s, z = _per_axis(inputs[1], axis, x.ndim), _per_axis(zero, axis, x.ndim).astype(np.float64)
+    q = np.clip(np.round(x / s) + z, *bounds)
+    return [q.astype(zero.dtype)]
+
+
+def dequantize_linear(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """ONNX DequantizeLinear of an integer tensor: ``(q − z)·s`` in float64."""
+    attrs = attrs_of(node)
+    q = inputs[0]
+    if _integer_bounds(q.dtype) is None or attrs.get("block_size"):
+        raise OpError(f"DequantizeLinear of {q.dtype} (or block quantization) has no float64 kernel", node=node.name)
+    axis = int(attrs.get("axis", 1))
+    zero = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.zeros((), np.int64)
+    s, z = _per_axis(inputs[1], axis, q.ndim), _per_axis(zero, axis, q.ndim).astype(np.float64)
+    return [(q.astype(np.float64) - z) * s.astype(np.float64)]
+
+
 #: op_type → kernel(node, inputs) for the default domain
 FLOAT64_KERNELS: dict[str, Callable[[onnx.NodeProto, Sequence[np.ndarray | None]], list[np.ndarray]]] = {
     "Conv": conv,
     "AveragePool": average_pool,
     "GlobalAveragePool": global_average_pool,
+    "LeakyRelu": leaky_relu,
+    "PRelu": prelu,
+    "HardSigmoid": hard_sigmoid,
+    "QuantizeLinear": quantize_linear,
+    "DequantizeLinear": dequantize_linear,
 }
 
 

@@ -37,6 +37,7 @@ from finnlite.passes import PassManager
 from finnlite.report import CheckRow, GraphPicture, StreamlineReport, VerificationResult, pass_timings
 from finnlite.shapes import const_array
 from finnlite.validate import validate_model
+from streamline.preprocess import insert_preprocessing
 from verify import PassVerificationError, ReferenceData, VerificationHook, final_check, float_report
 from verify.hook import PROBE_ELEMENTS, probe_samples
 
@@ -184,18 +185,25 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
                verify: str | None = None, inputs: str | Path | None = None,
                input_range: tuple[float, float] | None = None, samples: int | None = None, seed: int | None = None,
                stages: Sequence[str] | None = None, progress: Progress | None = None,
-               extras: bool = True) -> StreamlineReport:
+               extras: bool = True, preprocessing: Any = None) -> StreamlineReport:
     """Run the configured pipeline on ``model`` (a :class:`finnlite.Model`, edited in place; anything else is
     loaded) with verification, and return the report (module docstring). Keyword arguments override the config:
     ``verify`` (``off``, ``final`` or ``each`` — the default), ``inputs`` (a .npy/.npz file), ``input_range``,
     ``samples``, ``seed``, ``stages`` (names). ``progress`` receives one line per stage and per long step;
-    ``extras=False`` skips the graph pictures and the inference cost."""
+    ``extras=False`` skips the graph pictures and the inference cost. ``preprocessing`` (else the config's): a
+    :class:`streamline.preprocess.Preprocessing` put in front of the model first; the model with it is the
+    reference."""
     cfg = resolve_config(config)
     mode = verify or cfg.verification.mode or DEFAULT_VERIFY_MODE
     if mode not in VERIFY_MODES:
         raise ConfigError(f"verification mode must be one of {', '.join(VERIFY_MODES)}, not '{mode}'")
     m = model if isinstance(model, Model) else Model(model)
     validate_model(m)  # a malformed graph or a bad quantizer parameter: one error naming the node, before any run
+    pre = preprocessing if preprocessing is not None else cfg.preprocessing
+    if pre is not None:
+        insert_preprocessing(m, pre)
+        if progress is not None:
+            progress(f"preprocessing: {pre.describe()}")
     source = m.path
     stage_list = cfg.build_stages(list(stages) if stages is not None else None)
     seconds: dict[str, float] = {}

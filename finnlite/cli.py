@@ -1,7 +1,8 @@
 """The ``finnlite`` command.
 
 * ``finnlite streamline IN.onnx -o OUT.onnx [--config cfg.yaml] [--verify off|final|each] [--inputs x.npz]
-  [--input-range LO HI] [--report report.html] [--json]`` runs the default pipeline (as configured), verifies the
+  [--input-range LO HI] [--input-datatype UINT8 --input-scale 1/255 --mean M.. --std S..] [--report report.html]
+  [--json]`` runs the default pipeline (as configured), verifies the
   result (default: every pass, then the final check against the original), writes the model and prints a summary;
 * ``finnlite info MODEL`` prints the op histogram, datatypes and the inference cost;
 * ``finnlite passes`` lists the default stages and the registered passes;
@@ -73,7 +74,8 @@ def cmd_streamline(args: argparse.Namespace) -> int:
     model = Model(inp)
     t_load = time.perf_counter() - t0
     report = streamline(model, config, verify=args.verify, inputs=args.inputs, input_range=args.input_range,
-                        samples=args.samples, seed=args.seed, stages=args.stages, progress=_progress(not args.quiet))
+                        samples=args.samples, seed=args.seed, stages=args.stages, progress=_progress(not args.quiet),
+                        preprocessing=_preprocessing(args))
     report.seconds = {"load": t_load, **report.seconds}
     written = None
     if report.ok:
@@ -265,6 +267,28 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _preprocessing(args: argparse.Namespace) -> Any:
+    """The input preprocessing the options ask for (``--input-datatype``, ``--input-scale``, ``--mean``,
+    ``--std``), or None when none is given."""
+    given = [args.input_datatype, args.input_scale, args.mean, args.std]
+    if all(v is None for v in given):
+        return None
+    from streamline.preprocess import Preprocessing, parse_number
+
+    numbers = lambda values, what: None if values is None else tuple(parse_number(v, what) for v in values)  # noqa
+    return Preprocessing(args.input_datatype or "UINT8",
+                         1.0 if args.input_scale is None else parse_number(args.input_scale, "--input-scale"),
+                         numbers(args.mean, "--mean"), numbers(args.std, "--std"))
+
+
+def _preprocessing_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("input preprocessing (a first layer that reads the float input)")
+    g.add_argument("--input-datatype", metavar="TYPE", help="the input becomes integers of this datatype (UINT8)")
+    g.add_argument("--input-scale", metavar="S", help="x*S first (a number or a fraction such as 1/255)")
+    g.add_argument("--mean", nargs="+", metavar="M", help="then minus the mean, one value or one per channel")
+    g.add_argument("--std", nargs="+", metavar="S", help="then divided by std, one value or one per channel")
+
+
 def _reference_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inputs", metavar="X.npz", help="reference inputs: .npy, or .npz keyed by input name "
                                                      "(default: random samples)")
@@ -291,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", choices=VERIFY_MODES,
                    help="off; final: compare the result with the original; each (default): verify every pass too")
     _reference_options(p)
+    _preprocessing_options(p)
     p.add_argument("--stages", nargs="+", metavar="STAGE", help="run only these stages (in pipeline order)")
     p.add_argument("--report", metavar="REPORT.html", help="write an HTML report (histograms, graphs, timings)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (only JSON on stdout)")

@@ -21,6 +21,12 @@ put on ``sys.path`` so that a rules module beside the config can be imported::
       near_tie_rtol: 1.0e-6
       float_rtol: 1.0e-5                # final check of float outputs: relative to the output's magnitude
       save_dir: failures                # where the models around a failing pass are written
+    preprocessing:                      # the input becomes integers; (x*scale - mean)/std goes in front
+      input_datatype: UINT8             # default UINT8
+      scale: 1/255                      # a number or a fraction
+      mean: [0.485, 0.456, 0.406]       # one value or one per channel (axis 1)
+      std: 0.226                        # one value or one per channel
+      input: x                          # optional: which graph input (default: the only one)
 
 A pass given as ``module:attribute`` may be a finnlite :class:`~finnlite.passes.Pass` class or instance, a qonnx
 ``Transformation`` (class or instance) or a function ``f(model) -> bool`` (see :func:`finnlite.passes.run_pass`).
@@ -39,6 +45,7 @@ from finnlite.errors import ConfigError, PassError
 from finnlite.passes import Pass, Transformation, get_pass, run_pass
 from finnlite.policies import DEFAULT_POLICY, Tolerance
 from streamline.pipeline import default_stages, select_stages, stage_names
+from streamline.preprocess import Preprocessing, parse_number
 
 __all__ = ["Config", "PassSpec", "VerificationConfig", "ExternalPass", "load_config", "VERIFY_MODES"]
 
@@ -47,7 +54,8 @@ VERIFY_MODES = ("off", "final", "each")
 #: what runs when nothing asks otherwise: every pass is checked as it runs, then the result against the original
 DEFAULT_VERIFY_MODE = "each"
 
-_TOP_KEYS = ("stages", "modules", "passes", "verification")
+_TOP_KEYS = ("stages", "modules", "passes", "verification", "preprocessing")
+_PREPROCESSING_KEYS = ("input_datatype", "scale", "mean", "std", "input")
 _PASS_KEYS = ("pass", "stage", "before", "after")
 _VERIFY_KEYS = ("mode", "samples", "seed", "input_range", "inputs", "tolerance", "near_ties", "near_tie_rtol",
                 "float_rtol", "save_dir")
@@ -105,6 +113,8 @@ class Config:
     passes: list[PassSpec] = field(default_factory=list)
     verification: VerificationConfig = field(default_factory=VerificationConfig)
     base_dir: Path = field(default_factory=Path.cwd)
+    #: a :class:`streamline.preprocess.Preprocessing` to put in front of the model, or None
+    preprocessing: Any = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None, *, source: str | None = None,
@@ -221,7 +231,32 @@ class _Parser:
             cfg.passes = [self.pass_spec(item, f"passes[{i}]") for i, item in enumerate(data["passes"])]
         if "verification" in data:
             cfg.verification = self.verification(data["verification"])
+        if "preprocessing" in data:
+            cfg.preprocessing = self.preprocessing(data["preprocessing"])
         return cfg
+
+    def preprocessing(self, data: Any) -> Any:
+
+        key = "preprocessing"
+        data = self.mapping(data, key, _PREPROCESSING_KEYS)
+
+        def numbers(k: str) -> tuple[float, ...] | None:
+            if k not in data:
+                return None
+            values = data[k] if isinstance(data[k], list) else [data[k]]
+            try:
+                return tuple(parse_number(v, f"{key}.{k}") for v in values)
+            except ConfigError as exc:
+                raise self.error(f"{key}.{k}", exc.message.split(": ", 1)[-1]) from None
+
+        try:
+            return Preprocessing(self.string(str(data.get("input_datatype", "UINT8")), f"{key}.input_datatype"),
+                                 numbers("scale")[0] if "scale" in data else 1.0, numbers("mean"), numbers("std"),
+                                 self.string(data["input"], f"{key}.input") if "input" in data else None)
+        except ConfigError as exc:
+            if exc.file:
+                raise
+            raise ConfigError(exc.message, file=self.source) from None
 
     def names(self, value: Any, key: str) -> list[str]:
         if isinstance(value, str):

@@ -18,6 +18,7 @@ from custom_ops.multithreshold import channel_axis_of
 from finnlite.datatypes import is_integer_type
 from finnlite.passes import Rule, Transformation, register_pass
 from finnlite.shapes import const_array
+from streamline.convert_common import layout_for
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
 from streamline.real_thresholds import RealThresholds, get_real_thresholds, relu_composed, set_real_thresholds
 
@@ -60,6 +61,31 @@ def _set(model: Any, node: ir.Node, rt: RealThresholds) -> None:
     materialize(model, node)
 
 
+def absorb_channel_vector(model: Any, node: ir.Node, value: np.ndarray) -> tuple[int, np.ndarray | None]:
+    """``(axis, vec)``: the constant ``value`` in front of MultiThreshold ``node`` as a per-channel vector along the
+    node's channel axis. A MultiThreshold with one row of thresholds and no ``data_layout`` has no channel axis of
+    its own (its rank decides only the default, e.g. NWC for rank 3, where the exporter's Conv1d output is NCW):
+    it takes the axis the constant varies along, which :func:`set_channel_axis` then records. ``vec`` is None if
+    the constant varies along more than one axis (or along another axis of a per-channel node)."""
+    rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
+    if rank is None:
+        return 0, None
+    axis = mt_channel_axis(node)
+    vec = channel_vector(value, rank, axis)
+    if vec is None and "data_layout" not in node.attributes and real_thresholds_of(model, node).shape[0] == 1:
+        for a in range(1, rank):
+            vec = channel_vector(value, rank, a)
+            if vec is not None:
+                return a, vec
+    return axis, vec
+
+
+def set_channel_axis(node: ir.Node, axis: int) -> None:
+    """Record ``axis`` as the channel axis of MultiThreshold ``node`` (its ``data_layout``), if it is not already."""
+    if axis != mt_channel_axis(node):
+        node.attributes["data_layout"] = ir.AttrString("data_layout", layout_for(axis, len(node.inputs[0].shape)))
+
+
 def _mt_input_node(model: Any, node: ir.Node, op: str) -> Any:
     """The producer of the MultiThreshold's input if it is ``op`` and feeds only this node."""
     x = node.inputs[0]
@@ -96,7 +122,8 @@ class AbsorbAddIntoMultiThreshold(Rule):
     """MultiThreshold(Add(x, b)) → MultiThreshold(x) with thresholds R − b.
 
     Holds because x + b ≥ R ⇔ x ≥ R − b, per channel. Conditions: b is a constant that is a scalar or varies only
-    along the MultiThreshold's channel axis; the Add feeds only the MultiThreshold."""
+    along the MultiThreshold's channel axis (a per-tensor MultiThreshold without a data_layout takes b's axis,
+    :func:`absorb_channel_vector`); the Add feeds only the MultiThreshold."""
 
     op_types = ("MultiThreshold",)
 
@@ -107,14 +134,14 @@ class AbsorbAddIntoMultiThreshold(Rule):
         c = const_operand(add)
         if c is None:
             return self.miss(node, "the Add before it has no constant operand")
-        rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
-        vec = channel_vector(exact_value(add, c[1]), rank, mt_channel_axis(node)) if rank else None
+        axis, vec = absorb_channel_vector(model, node, exact_value(add, c[1]))
         if vec is None:
             return self.miss(node, "the Add's constant varies along a non-channel axis")
-        return node, add, c[0], vec
+        return node, add, c[0], vec, axis
 
     def rewrite(self, model: Any, match: Any) -> None:
-        node, add, ci, vec = match
+        node, add, ci, vec, axis = match
+        set_channel_axis(node, axis)
         rt = real_thresholds_of(model, node).shifted(vec)
         node.replace_input_with(0, add.inputs[1 - ci])
         model.remove_node(add)
@@ -127,7 +154,8 @@ class AbsorbMulIntoMultiThreshold(Rule):
 
     Algebra: for a > 0, a·x ≥ R ⇔ x ≥ R/a. For a scalar a < 0, a·x ≥ R ⇔ x ≤ R/a: the thresholds are negated and
     counted from above (out_scale → −out_scale, out_bias → out_bias + out_scale·N, strictness flipped). For a = 0
-    every threshold is constantly passed or not. Conditions: a is a scalar or varies only along the channel axis;
+    every threshold is constantly passed or not. Conditions: a is a scalar or varies only along the channel axis
+    (a per-tensor MultiThreshold without a data_layout takes a's axis, :func:`absorb_channel_vector`);
     per-channel factors of mixed sign are left for AbsorbSignIntoWeights; the Mul feeds only the MultiThreshold."""
 
     op_types = ("MultiThreshold",)
@@ -139,16 +167,16 @@ class AbsorbMulIntoMultiThreshold(Rule):
         c = const_operand(mul)
         if c is None:
             return self.miss(node, "the Mul before it has no constant operand")
-        rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
-        vec = channel_vector(exact_value(mul, c[1]), rank, mt_channel_axis(node)) if rank else None
+        axis, vec = absorb_channel_vector(model, node, exact_value(mul, c[1]))
         if vec is None:
             return self.miss(node, "the Mul's constant varies along a non-channel axis")
         if len(vec) > 1 and any(v < 0 for v in vec):
             return self.miss(node, "per-channel factors with negative values (needs their sign in the weights)")
-        return node, mul, c[0], vec
+        return node, mul, c[0], vec, axis
 
     def rewrite(self, model: Any, match: Any) -> None:
-        node, mul, ci, vec = match
+        node, mul, ci, vec, axis = match
+        set_channel_axis(node, axis)
         rt = real_thresholds_of(model, node)
         if len(vec) == 1 and vec[0] < 0:
             n = rt.shape[1]

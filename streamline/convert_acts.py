@@ -213,6 +213,43 @@ def absorbable_predecessor(model: "Model", x: ir.Value
     return p, lambda v: np.minimum(np.maximum(v, lo), hi), (float(lo), float(hi))
 
 
+def narrowed(q: StepQuantizer, pre: Callable[[np.ndarray], np.ndarray]) -> StepQuantizer:
+    """``q`` restricted to the levels it can reach behind ``pre`` (a Relu or Clip): ``c_lo`` levels that every
+    input passes go into ``out_bias``, the levels above the one ``pre``'s upper bound reaches are dropped. So a
+    Clip that narrows a quantizer's range (a Relu before a signed quantizer, an imported QDQ range such as
+    [−141, 114] inside INT9) keeps ``c_hi − c_lo`` finite thresholds instead of unreachable ones. ``q`` itself
+    where nothing narrows, where the reached counts differ per channel, or for a chain with a per-channel Add or
+    out_scale ≠ 1 (the MultiThreshold's datatype is then re-derived from the narrowed range of counts)."""
+    if q.addend is not None or q.out_scale != 1.0:
+        return q
+    big = np.finfo(np.float32).max
+    with np.errstate(over="ignore"):
+        ends = q.f(pre(np.broadcast_to(np.array([[-big, big]], np.float32), (q.channels.count, 2)).copy()))
+    keys, table = float32_to_key(ends), float32_to_key(q.table())
+    counts = []
+    for j in (0, 1):
+        hit = table == keys[:, j:j + 1]
+        if not np.all(hit.any(axis=1)):
+            return q
+        found = np.unique(hit.argmax(axis=1))
+        if found.size != 1:
+            return q
+        counts.append(int(found[0]))
+    c_lo, c_hi = counts
+    if (c_lo, c_hi) == (0, q.n_thresholds) or c_hi <= c_lo:
+        return q
+    out_bias = q.out_bias + c_lo
+    real = q.real
+    if real is not None:
+        full = real._full() if hasattr(real, "_full") else real
+        real = RealThresholds(full.base[:, c_lo:c_hi], full.strict[:, c_lo:c_hi], full.alpha, full.beta)
+    estimate = None if q.estimate is None else np.ascontiguousarray(
+        np.broadcast_to(q.estimate, (q.estimate.shape[0], q.n_thresholds))[:, c_lo:c_hi])
+    return StepQuantizer(f"{q.what} narrowed to counts {c_lo}..{c_hi}", q.f, q.channels, c_hi - c_lo, 1.0,
+                         out_bias, None, q.mult, smallest_int_type(out_bias, out_bias + c_hi - c_lo),
+                         q.add_dtype, estimate, real)
+
+
 # -- emitting the MultiThreshold chain ----------------------------------------------------------------------------
 def emit_multithreshold(model: "Model", node: ir.Node, x_in: ir.Value, q: StepQuantizer, thresholds: np.ndarray,
                         remove: tuple[ir.Node, ...] = ()) -> ir.Node:
@@ -292,8 +329,9 @@ class _QuantActToMultiThreshold(Rule):
             pre = absorbable_predecessor(model, x)
             if pre is not None:
                 try:
-                    t = solve_thresholds(q, pre[1], finite=True)
-                    return _ActMatch(node, pre[0].inputs[0], q, t, (pre[0],), pre[2])
+                    qn = narrowed(q, pre[1])
+                    t = solve_thresholds(qn, pre[1], finite=True)
+                    return _ActMatch(node, pre[0].inputs[0], qn, t, (pre[0],), pre[2])
                 except Unsupported:
                     pass  # keep the predecessor as a node
         try:
@@ -328,7 +366,8 @@ class ConvertQuantActToMultiThreshold(_QuantActToMultiThreshold):
     or fractional one becomes ``Add(−z)``, which computes ``q − z`` exactly as the kernel does. ``Mul(s)`` (omitted
     when s = 1) then gives ``(q − z)·s`` bit for bit. Annotations: the MultiThreshold output gets the quantizer's
     exact type (INTb/UINTb, BIPOLAR for 1-bit signed, BINARY for 1-bit unsigned; the range type of q − z for z ≠ 0).
-    A Relu or constant Clip feeding only this quantizer is absorbed when all resulting thresholds are finite.
+    A Relu or constant Clip feeding only this quantizer is absorbed when all resulting thresholds are finite; levels
+    it makes unreachable are dropped (:func:`narrowed`).
     """
 
     op_types = QUANT_OPS

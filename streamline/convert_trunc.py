@@ -142,7 +142,10 @@ class AvgPoolAndTruncToQuantAvgPool(Rule):
     Conditions: q carries an integer datatype annotation (the activation conversion provides it) and s_in is a
     positive scalar; the AveragePool is 2-D with a square kernel k, equal strides, no padding, ceil_mode 0 and
     feeds only the Trunc; the Trunc (either version) has constant scalar parameters, zero-point 0, rounding mode
-    FLOOR, a power-of-two truncation 2^sh, and (version 2) an output range that never clips. The Trunc scale must
+    FLOOR, a power-of-two truncation 2^sh, and (version 2) an output range that never clips. A Trunc with more
+    output than input bits multiplies by 2^−sh instead (Brevitas' TruncAvgPool2d with a wide bit_width): that is
+    exact, so any rounding mode is accepted, and the QuantAvgPool2d gives the sum S (shift 0, output bits enough
+    for it) and the Mul 2^−sh·out_scale. The Trunc scale must
     turn the average back into the window sum: ``r = s_in / (k²·s)`` (``s_in / s`` with the Mul) equal to 1 within a
     margin that covers float32 rounding of the average, so that its first rounding yields S = Σq exactly.
 
@@ -201,12 +204,13 @@ class AvgPoolAndTruncToQuantAvgPool(Rule):
             raise Unsupported("the Trunc parameters are not scalars")
         if np.any(p.zeropoint != 0):
             raise Unsupported("the Trunc zero-point is not 0")
-        if p.rounding_mode != "FLOOR":
-            raise Unsupported(f"the Trunc rounds with {p.rounding_mode}, QuantAvgPool2d floors")
         divisor = float(_shift_of(p).reshape(()))
-        sh = int(np.log2(divisor)) if divisor >= 1 else -1
-        if sh < 0 or 2.0 ** sh != divisor:
-            raise Unsupported(f"the Trunc divides by {divisor}, not a power of two >= 1")
+        sh = int(np.round(np.log2(divisor))) if divisor > 0 else 0
+        if divisor <= 0 or 2.0 ** sh != divisor:
+            raise Unsupported(f"the Trunc divides by {divisor}, not a power of two")
+        if sh > 0 and p.rounding_mode != "FLOOR":
+            raise Unsupported(f"the Trunc rounds with {p.rounding_mode}, QuantAvgPool2d floors")
+        up = max(-sh, 0)  # a left shift (more output bits than the sum has) is exact, whatever the rounding mode
         source, s_in, dt = _scaled_integer_source(model, pool.inputs[0])
         s_t = float(p.scale.reshape(()))
         ratio = s_in / s_t if mul_k2 is not None else s_in / (k2 * s_t)
@@ -214,12 +218,17 @@ class AvgPoolAndTruncToQuantAvgPool(Rule):
         smax = k2 * max(abs(imin), abs(imax))
         if smax * (abs(ratio - 1.0) + (k2 + 8) * _EPS) >= 0.25:
             raise Unsupported(f"the Trunc scale does not recover the window sum exactly (ratio {ratio!r})")
-        lo, hi = (k2 * imin) >> sh, (k2 * imax) >> sh
+        lo, hi = ((k2 * imin) >> sh, (k2 * imax) >> sh) if sh >= 0 else ((k2 * imin) << up, (k2 * imax) << up)
         obits = p.out_bits
         out_lo, out_hi = min_int(p.signed, p.narrow, obits), max_int(p.signed, p.narrow, obits)
         if p.version == 2 and not (out_lo <= lo and hi <= out_hi):
             raise Unsupported("the Trunc's output range would clip the shifted sums")
         signed = bool(dt.signed())
+        if up:  # QuantAvgPool2d gives the sum itself (shift 0), the Mul applies 2^up·out_scale
+            sh, lo, hi = 0, k2 * imin, k2 * imax
+            obits = next(b for b in range(2, 34) if avgpool_shift(k, dt.bitwidth(), b) == 0 and
+                         (DataType[f"{'INT' if signed else 'UINT'}{b}"].min() <= lo and
+                          hi <= DataType[f"{'INT' if signed else 'UINT'}{b}"].max()))
         if not 2 <= obits <= 32:
             raise Unsupported(f"QuantAvgPool2d needs 2 to 32 output bits, not {obits}")
         out_dtype = DataType[f"{'INT' if signed else 'UINT'}{obits}"]
@@ -229,7 +238,7 @@ class AvgPoolAndTruncToQuantAvgPool(Rule):
         ibits = next((b for b in candidates if avgpool_shift(k, b, obits) == sh), None)
         if ibits is None:
             raise Unsupported(f"no QuantAvgPool2d ibits gives the shift {sh}")
-        out_mult = p.scale if p.version == 1 else p.out_scale
+        out_mult = (p.scale if p.version == 1 else p.out_scale) * np.float32(2.0 ** up)  # exact: a power of two
         return _PoolMatch(node, pool, mul_k2, source, k, stride, int(ibits), obits, signed, out_dtype,
                           np.asarray(out_mult, dtype=np.float32).reshape(()))
 

@@ -7,7 +7,7 @@ value is an integer, from the graph inputs' annotations, the initializers' value
 * MatMul / Conv with a constant integer weight: per output channel, the positive weights times the input's upper
   bound plus the negative weights times its lower bound (and the other way round), with zero included for padded
   convolutions; Gemm likewise;
-* Add / Sub / Mul / Neg with integer operands; data movement (Reshape, Transpose, MaxPool, Im2Col, Concat, ...)
+* Add / Sub / Mul / Neg with integer operands; ReduceSum (N times the input's range); data movement (Reshape, Transpose, MaxPool, Im2Col, Concat, ...)
   keeps the range; Relu clips it.
 
 Integer tensors are annotated with the narrowest INTn/UINTn (BIPOLAR/BINARY where the values are exactly those),
@@ -146,6 +146,16 @@ def _node_range(node: ir.Node, ins: list[Range], consts: list[np.ndarray | None]
         integer = scale == int(scale) and bias == int(bias)
         bipolar = integer and n == 1 and {lo, hi} == {-1.0, 1.0}
         return Range(lo, hi, integer, bipolar)
+    if op == "ReduceSum":  # a sum of N values of the input's range
+        from streamline.reduce import reduce_axes
+
+        axes, shape = reduce_axes(node), node.inputs[0].shape
+        dims = [shape[a] for a in axes] if axes is not None and shape is not None else [None]
+        if not all(isinstance(d, int) for d in dims):
+            return Range.unknown()
+        n = int(np.prod(dims))
+        r = ins[0]
+        return Range(r.lo * n, r.hi * n, r.integer)
     if op == "XnorPopcountMatMul":
         k = consts[1].shape[0] if consts[1] is not None else None
         return Range(0.0, float(k), True) if k is not None else Range(0.0, np.inf, True)

@@ -223,6 +223,8 @@ class LayoutWalk:
             self._multithreshold(node, reps)
         elif is_op(node, "QuantAvgPool2d", custom=True):
             self._quantavgpool(node, reps)
+        elif is_op(node, "ReduceSum", "ReduceMax", "ReduceMin", custom=False):
+            self._reduce(node, reps)
         elif _is_elementwise(node):
             self._elementwise(node, reps)
         elif is_op(node, "Concat", custom=False):
@@ -343,6 +345,38 @@ class LayoutWalk:
         set_attr(node, ir.AttrString("data_layout", "".join(permute_layout(list(layout), r.perm))))
         self.edits += 1
         self._set_output(node.outputs[0], r.perm)
+
+    def _reduce(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """A reduction over axes A of ``t``, given ``u = t.transpose(p)``: reduce ``u`` over ``{j : p[j] ∈ A}``
+        (axes input or attribute renumbered). With keepdims the output keeps ``p``; without, ``p`` restricted to the
+        kept axes, renumbered."""
+        from streamline.reduce import reduce_axes
+
+        r, axes = reps[0], reduce_axes(node)
+        if r is None or r.cols is not None or axes is None or len(r.perm) != _rank(node.inputs[0]):
+            self._fallback(node, f"{node.op_type} of a tensor of unknown rank, axes or feature order")
+            return
+        new_axes = [j for j, a in enumerate(r.perm) if a in axes]
+        self._set_input(node, 0, r.value)
+        if "axes" in node.attributes:
+            set_attr(node, ir.AttrInt64s("axes", new_axes))
+        else:
+            arr = np.asarray(new_axes, np.int64)
+            k = add_const(self.model, arr, f"{node.name}_axes_nhwc", None)
+            if len(node.inputs) > 1:
+                self._set_input(node, 1, k)
+            else:
+                node.resize_inputs(2)
+                node.replace_input_with(1, k)
+        keep = attr(node, "keepdims", 1)
+        if keep is None or int(keep):
+            out_perm = r.perm
+        else:
+            kept = [a for a in r.perm if a not in axes]
+            order = sorted(kept)
+            out_perm = tuple(order.index(a) for a in kept)
+        self._set_output(node.outputs[0], tuple(out_perm))
+        self.edits += 1
 
     def _quantavgpool(self, node: ir.Node, reps: list[Rep | None]) -> None:
         r = reps[0]

@@ -16,6 +16,9 @@ What FINN's hardware conversion expects, and the pass that provides it:
 * a TopK on an integer tensor (LabelSelect): :class:`~streamline.topk.AbsorbScalarMulAddIntoTopK`;
 * integer, clipped thresholds with a threshold datatype: :class:`~streamline.round_thresholds.RoundAndClipThresholds`.
 
+1-D networks (Conv1d, MaxPool1d on ``(N, C, W)``) first become 2-D ones with a trailing axis of size 1:
+:class:`~streamline.lower_1d.Change3DTo4DTensors`.
+
 ``LOWER_PASSES`` is the stage's order: lowering makes NHWC islands, the layout pass joins them, the binary and
 TopK rules then see the final structure, and thresholds are rounded last (the XNOR rewrite moves thresholds).
 Datatypes are inferred once, after the XNOR rule (which proves bipolar inputs structurally) and before the two
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 from streamline.datatypes import InferDataTypes
 from streamline.layout import AbsorbConsecutiveTransposes, AbsorbTransposeIntoMultiThreshold, ConvertToNHWC
+from streamline.lower_1d import Change3DTo4DTensors
 from streamline.lower_conv import LowerConvsToMatMul
 from streamline.lower_pool import MakeMaxPoolNHWC
 from streamline.round_thresholds import RoundAndClipThresholds
@@ -34,6 +38,7 @@ from streamline.xnor import ConvertBipolarMatMulToXnorPopcount
 
 #: The lower stage, in order (classes; the pass manager instantiates them).
 LOWER_PASSES = [
+    Change3DTo4DTensors,
     LowerConvsToMatMul,
     MakeMaxPoolNHWC,
     ConvertToNHWC,
@@ -45,6 +50,6 @@ LOWER_PASSES = [
     RoundAndClipThresholds,
 ]
 
-__all__ = ["LOWER_PASSES", "LowerConvsToMatMul", "MakeMaxPoolNHWC", "ConvertToNHWC",
+__all__ = ["LOWER_PASSES", "Change3DTo4DTensors", "LowerConvsToMatMul", "MakeMaxPoolNHWC", "ConvertToNHWC",
            "AbsorbTransposeIntoMultiThreshold", "AbsorbConsecutiveTransposes", "ConvertBipolarMatMulToXnorPopcount",
            "AbsorbScalarMulAddIntoTopK", "RoundAndClipThresholds"]

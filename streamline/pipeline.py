@@ -3,7 +3,8 @@
 ``default_stages()`` lists them; :func:`streamline_model` runs them on a :class:`finnlite.Model` in place with a
 :class:`finnlite.PassManager` and returns what happened. One pipeline for every model, no per-model step lists:
 
-1. ``tidy`` — shapes, constant folding, Gemm → MatMul, Conv bias → Add, Sub → Add (exact in float32);
+1. ``tidy`` — QDQ chains → Quant (:mod:`streamline.convert_qcdq`), shapes, constant folding, Gemm → MatMul,
+   Conv bias → Add, Sub → Add (exact in float32);
 2. ``convert`` — weight quantizers folded into integer initializers, activation quantizers → MultiThreshold,
    AveragePool + Trunc → QuantAvgPool2d (bit-exact in float32 where the scales allow);
 3. ``streamline`` (to a fixpoint) — collapse ∘ reorder ∘ absorb: every scale and bias moves forward and into the
@@ -11,7 +12,8 @@
 4. ``lower`` — Conv → Im2Col + MatMul, MaxPool → MaxPoolNHWC, NHWC with one Transpose at the input, XNOR-popcount
    for bipolar layers, TopK, threshold rounding;
 5. ``restreamline`` (to a fixpoint) — the same rules again on what lowering exposed;
-6. ``finalize`` — datatypes, integer thresholds, dead nodes.
+6. ``finalize`` — global-pool outputs squeezed to [N, C] before a classifier MatMul, datatypes, integer
+   thresholds, dead nodes.
 
 The fixpoint stages terminate: every rule moves a constant forward, merges two nodes or removes one, and the pass
 manager detects oscillation and caps the rounds regardless.
@@ -28,8 +30,11 @@ from finnlite.model import Model
 from finnlite.passes import PassManager, RunReport, Stage, Transformation, register_pass
 from finnlite.validate import validate_model
 from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
+from streamline.absorb_monotone import MONOTONE_PASSES
 from streamline.collapse import COLLAPSE_PASSES
 from streamline.datatypes import InferDataTypes
+from streamline.reduce import REDUCE_PASSES
+from streamline.preprocess import MoveAddPastPaddedConv
 from streamline.reorder import REORDER_PASSES
 from streamline.tidy import TIDY_PASSES, MakeNodeNamesUnique
 
@@ -45,8 +50,8 @@ class RemoveDeadNodes(Transformation):
 def streamline_passes() -> list:
     """One round of the streamlining fixpoint: datatypes first (the rules read them), then collapse, reorder,
     absorb, and the thresholds re-materialized for the datatypes the round produced."""
-    return [InferDataTypes, *COLLAPSE_PASSES, *REORDER_PASSES, *ABSORB_PASSES, RemoveDeadNodes, InferDataTypes,
-            MaterializeThresholds]
+    return [InferDataTypes, *COLLAPSE_PASSES, *REORDER_PASSES, *REDUCE_PASSES, MoveAddPastPaddedConv, *ABSORB_PASSES,
+            *MONOTONE_PASSES, RemoveDeadNodes, InferDataTypes, MaterializeThresholds]
 
 
 def default_stages() -> list[Stage]:
@@ -54,6 +59,7 @@ def default_stages() -> list[Stage]:
     from streamline.convert import CONVERT_PASSES
     from streamline.lower import LOWER_PASSES
     from streamline.round_thresholds import RoundAndClipThresholds
+    from streamline.squeeze_pool import SqueezeGlobalPoolOutput
 
     return [
         Stage("tidy", TIDY_PASSES),
@@ -63,8 +69,8 @@ def default_stages() -> list[Stage]:
         # the stage's end, the network runs once (twice where a changed encoding has to re-converge)
         Stage("lower", LOWER_PASSES, granularity="stage"),
         Stage("restreamline", streamline_passes(), fixpoint=True),
-        Stage("finalize", [InferDataTypes, RoundAndClipThresholds, RemoveDeadNodes, InferDataTypes,
-                           MakeNodeNamesUnique]),
+        Stage("finalize", [SqueezeGlobalPoolOutput, InferDataTypes, RoundAndClipThresholds, RemoveDeadNodes,
+                           InferDataTypes, MakeNodeNamesUnique]),
     ]
 
 

@@ -413,7 +413,8 @@ class MoveLinearPastEltwiseAdd(Rule):
 class MoveLinearPastConcat(Rule):
     """Concat(Mul(x1, a1), …, Mul(xn, an); axis=1) → Mul(Concat(x1, …, xn), [a1 … an]) with per-channel vectors
     (likewise for Add). Algebra: each channel keeps its own factor. Conditions: every input is such a Mul (Add)
-    with a scalar or per-channel constant, each feeding only the Concat; the channel counts are known."""
+    with a scalar or per-channel constant, each feeding only the Concat; the channel counts are known. Equal factors
+    on every channel (one quantizer shared by the inputs) give a scalar, which can then pass a Conv."""
 
     op_types = ("Concat",)
 
@@ -432,7 +433,10 @@ class MoveLinearPastConcat(Rule):
             if vec is None or not isinstance(ch, int):
                 return self.miss(node, "a Concat input's constant varies along a spatial axis")
             vecs.append(np.array([vec[0]] * ch if len(vec) == 1 else list(vec), dtype=object))
-        return node, lins, np.concatenate(vecs), rank
+        vec = np.concatenate(vecs)
+        if all(v == vec[0] for v in vec):  # one quantizer on every input (equal scales): the factor stays scalar
+            vec = vec[:1]
+        return node, lins, vec, rank
 
     def rewrite(self, model: Any, match: Any) -> None:
         node, lins, vec, rank = match

@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from finnlite.passes import Rule, Transformation, register_pass
 from finnlite.shapes import const_array
+from streamline.convert_qcdq import QCDQToQuant
 
 _QUANT_OPS = ("Quant", "IntQuant", "BipolarQuant")
 
@@ -205,5 +206,56 @@ class SubToAdd(Rule):
         model.remove_node(node)
 
 
+@register_pass(group="tidy")
+class FoldTransposeIntoQuantInit(Rule):
+    """Transpose(Quant(W, s, z, b), perm) → Quant(Wᵀ, sᵀ, zᵀ, b) for a weight quantizer (qonnx's name).
+
+    Pattern: a Transpose whose input is the only use of a Quant/BipolarQuant output, all of whose inputs are
+    constants (the TorchScript exporter's Linear without bias: weight quantizer → Transpose → MatMul). Algebra: a
+    quantizer is elementwise, so transposing its inputs transposes its output exactly: the constant W is transposed
+    by ``perm``, and every parameter of more than one element is broadcast to W's rank (leading 1s, as numpy
+    broadcasting does) and transposed by the same ``perm``; scalars and the bit width stay. The weight quantizer then
+    feeds its consumer directly and is folded by the convert stage."""
+
+    op_types = ("Transpose",)
+
+    def match(self, model: Any, node: ir.Node) -> Any:
+        w = node.inputs[0]
+        q = w.producer() if w is not None else None
+        if q is None or q.op_type not in _QUANT_OPS:
+            return None
+        if len(w.uses()) != 1 or w.is_graph_output():
+            return self.miss(node, "the quantized weight has another consumer")
+        params = [const_array(v) if v is not None else None for v in q.inputs]
+        if any(p is None for p in params):
+            return self.miss(node, "the quantizer has a non-constant input")
+        rank = params[0].ndim
+        perm_attr = node.attributes.get("perm")
+        perm = list(perm_attr.value) if perm_attr is not None else list(reversed(range(rank)))
+        if sorted(perm) != list(range(rank)) or any(p.ndim > rank for p in params[1:]):
+            return self.miss(node, "perm or parameter ranks do not fit the weight")
+        return node, q, params, perm
+
+    def rewrite(self, model: Any, match: Any) -> None:
+        node, q, params, perm = match
+        rank = len(perm)
+        inputs = [model.add_initializer(np.transpose(params[0], perm).copy(), prefix=f"{q.inputs[0].name}_T")]
+        for i, (v, p) in enumerate(zip(q.inputs[1:], params[1:]), start=1):
+            if p.size == 1 or (q.op_type != "BipolarQuant" and i == 3):  # scalars and the bit width stay
+                inputs.append(v)
+                continue
+            full = p.reshape((1,) * (rank - p.ndim) + p.shape)
+            inputs.append(model.add_initializer(np.transpose(full, perm).copy(), prefix=f"{v.name}_T"))
+        out = node.outputs[0]
+        new = ir.Node(q.domain, q.op_type, inputs, attributes=list(q.attributes.values()),
+                      outputs=[model.make_value_like(out, f"{out.name}_q")], name=f"{q.name}_T")
+        model.graph.insert_before(node, new)
+        model.replace_uses(out, new.outputs[0])
+        model.remove_node(node)
+        model.remove_node(q)
+
+
 #: The tidy stage, in order.
-TIDY_PASSES = [MakeNodeNamesUnique, InferShapes, FoldConstants, GemmToMatMul, ConvBiasToAdd, SubToAdd, FoldConstants, InferShapes]
+#: QCDQToQuant comes before constant folding, which would fold weight QDQ chains into plain float weights.
+TIDY_PASSES = [MakeNodeNamesUnique, InferShapes, QCDQToQuant, FoldConstants, FoldTransposeIntoQuantInit, GemmToMatMul,
+               ConvBiasToAdd, SubToAdd, FoldConstants, InferShapes]

@@ -355,6 +355,24 @@ def test_float64_mode_runs_conv_and_pools_through_numpy():
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("op,attrs,slope", [
+    ("LeakyRelu", dict(alpha=0.125), None), ("LeakyRelu", dict(), None), ("PRelu", dict(), (4, 1, 1)),
+    ("PRelu", dict(), (1,)), ("HardSigmoid", dict(alpha=1 / 6, beta=0.5), None), ("HardSigmoid", dict(), None)])
+def test_float64_activations_match_onnxruntime(op, attrs, slope):
+    """onnxruntime has no double LeakyRelu, PRelu or HardSigmoid: the float64 mode runs them through numpy, with
+    the results of the float32 kernels (up to float32 rounding), in double."""
+    rng = np.random.default_rng(3)
+    x = (4 * rng.standard_normal((2, 4, 3, 3))).astype(F32)
+    x[0, 0, 0, :2] = 0.0, -3.0  # zero and the HardSigmoid's saturation points
+    inits = {"slope": (0.05 + 0.4 * rng.random(slope)).astype(F32)} if slope else {}
+    model = build([helper.make_node(op, ["x"] + list(inits), ["y"], **attrs)], {"x": x.shape}, ["y"], inits)
+    ex64 = Executor(model, dtype=np.float64)
+    assert "no double kernel" in ex64.describe()
+    got = ex64.run({"x": x})["y"]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, Executor(model).run({"x": x})["y"], rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("attrs,w_shape,x_shape", [
     (dict(), (4, 3, 3, 3), (2, 3, 7, 7)),
     (dict(strides=[2, 3], pads=[1, 2, 0, 1], dilations=[2, 1]), (4, 3, 3, 2), (1, 3, 9, 10)),

@@ -180,8 +180,6 @@ _FLOAT_LAYER = ("so the MultiThreshold after it reads a float32-rounded tensor; 
                 "that tensor final_check explains a one-element flip per sample only, and this graph has samples "
                 "with two")
 KNOWN_FAILURES: dict[str, Any] = {
-    "fuzz_6d9554ff9b97": "a Clip inside the activation quantizer's range stays a float node with Mul(scale) before "
-                         "it, " + _FLOAT_LAYER,
     "fuzz_993847a1c614": "a residual join whose branch scales have no small-fraction ratio stays a float Add, "
                          + _FLOAT_LAYER,
     "fuzz_0c432b9fe217": "a residual join whose branch scales have no small-fraction ratio stays a float Add, "

@@ -124,3 +124,32 @@ def test_inverse_transposes_between_graph_input_and_output_keep_the_interface(ho
     got = Executor(m).run({"x": x})
     assert list(got) == ["y"]
     np.testing.assert_array_equal(got["y"], x)
+
+
+@pytest.mark.parametrize("negative", [False, True])
+def test_per_channel_affine_into_a_per_tensor_multithreshold_of_rank_3(negative):
+    """A Conv1d + BatchNorm1d output (N, C, W) before a per-tensor MultiThreshold without a data_layout (qonnx then
+    guesses NWC for rank 3): the MultiThreshold takes the channel axis of the per-channel Mul and Add (NCW), with the
+    signs of negative factors moved into the Conv1d's weights."""
+    from custom_ops.multithreshold import channel_axis_of
+
+    c_in, c_out = 3, 4
+    w = RNG.integers(-7, 8, size=(c_out, c_in, 3)).astype(np.float32)
+    scale = RNG.uniform(0.01, 0.1, size=(1, c_out, 1)).astype(np.float32)
+    if negative:
+        scale[0, 1, 0] *= -1
+    nodes = [helper.make_node("Conv", ["x", "W"], ["conv"], pads=[1, 1], name="conv"),
+             helper.make_node("Mul", ["conv", "s"], ["cs"], name="bn_mul"),
+             helper.make_node("Add", ["cs", "b"], ["bn"], name="bn_add"),
+             helper.make_node("MultiThreshold", ["bn", "thr"], ["y"], domain=QONNX_DOMAIN, out_dtype="UINT2",
+                              name="mt")]
+    rt = quant_real_thresholds(np.float32(0.3), 0.0, 2, False, False)
+    inits = {"W": w, "s": scale, "b": RNG.normal(size=(1, c_out, 1)).astype(np.float32),
+             "thr": rt.float_thresholds()}
+    proto = graph_model(nodes, {"x": [2, c_in, 6]}, {"y": [2, c_out, 6]}, inits)
+    m = apply(proto, ALL, annotate={"x": "UINT4"})
+    assert [n.op_type for n in m.graph] == ["Conv", "MultiThreshold"]
+    mt = m.get_nodes_by_op_type("MultiThreshold")[0]
+    assert channel_axis_of(mt.attributes["data_layout"].value, 3) == 1
+    x = RNG.integers(0, 16, size=(2, c_in, 6)).astype(np.float64)
+    compare(proto, m, {"x": x})

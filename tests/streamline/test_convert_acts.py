@@ -223,12 +223,13 @@ def _pre(op_type: str) -> tuple[list, list]:
 
 
 @pytest.mark.parametrize("op_type,signed,absorbed", [
-    ("Relu", 0, True), ("Relu", 1, False), ("Clip", 1, True), ("NarrowClip", 1, False),
+    ("Relu", 0, True), ("Relu", 1, True), ("Clip", 1, True), ("NarrowClip", 1, False),
     ("BatchNormalization", 1, False),
     ("Add", 1, False), ("Mul", 0, False), ("Sigmoid", 0, False), ("Tanh", 1, False), ("Sin", 1, False)])
 def test_any_predecessor(op_type, signed, absorbed):
-    """Whatever precedes the quantizer: Relu (absorbed before an unsigned quantizer; kept before a signed one, whose
-    level for negative inputs would need a -inf threshold), Clip (absorbed unless it cuts off levels),
+    """Whatever precedes the quantizer: Relu (absorbed; before a signed quantizer the levels below 0 it makes
+    unreachable are dropped, :func:`streamline.convert_acts.narrowed`), Clip (absorbed unless it cuts off levels at
+    different counts per channel, as the narrow one here does with per-channel scales),
     BatchNormalization, Add, Mul,
     Sigmoid, Tanh and even a non-monotonic Sin stay nodes, so the MultiThreshold sees the same float32 tensor."""
     pre, inits = _pre(op_type)

@@ -73,6 +73,26 @@ def test_avgpool_and_trunc_become_quantavgpool(case):
         assert_same(values["y"], run(proto, {"x": x})["y"], case)
 
 
+@pytest.mark.parametrize("signed,mode", [(0, "FLOOR"), (0, "ROUND"), (1, "FLOOR")])
+def test_avgpool_and_trunc_with_more_output_bits_become_quantavgpool(signed, mode):
+    """Brevitas' TruncAvgPool2d(2, bit_width=8) on 4-bit activations: the 6-bit window sum is multiplied by 4 to 8
+    bits (out_scale = scale/4), exact whatever the rounding mode: QuantAvgPool2d gives the sum (no shift), the Mul
+    4·out_scale, bit-identical to the original."""
+    ts = S_IN / np.float32(4)
+    proto = _pool_trunc_model(2, 2, 6, signed, 2, trunc_scale=ts, in_bits=6, out_bits=8, out_scale=ts / 4,
+                              mode=mode)
+    model, report = converted(proto)
+    assert op_types(model) == ["MultiThreshold", "QuantAvgPool2d", "Mul"], (op_types(model), report.misses)
+    qap = model.graph.node(1)
+    dt = model.get_tensor_datatype(qap.outputs[0].name)
+    for _ in range(3):
+        x = _x(6, signed)
+        values = run(model, {"x": x}, return_all=True)
+        sums = values[qap.outputs[0].name]
+        assert np.all(dt.allowed(sums)) and np.max(np.abs(sums)) > 15  # sums, not 4-bit levels: nothing shifted out
+        assert_same(values["y"], run(proto, {"x": x})["y"], f"{mode}, signed={signed}")
+
+
 @pytest.mark.parametrize("why,kwargs", [
     ("rounding", dict(mode="ROUND")), ("padding", dict(pads=1))])
 def test_pattern_mismatch_falls_back_to_thresholds(why, kwargs):

@@ -135,3 +135,21 @@ def test_add_past_conv_sums_the_weights_exactly():
     add = next(n for n in m.graph if n.op_type == "Add")
     const = add.inputs[1].const_value.numpy()
     assert exact_value(add, const).reshape(-1)[0] == Fraction(1, 2)  # exactly Σ w · b = 1 · 0.5
+
+
+def test_concat_of_equally_scaled_branches_gives_a_scalar_that_passes_a_conv():
+    """One quantizer shared by both inputs of a Concat: the factor after the Concat is equal on every channel, so
+    it stays a scalar and moves on past the next (non-depthwise) Conv; unequal factors stay per-channel there."""
+    from streamline.reorder import MoveLinearPastConcat, MoveMulPastConv
+
+    w = RNG.integers(-3, 4, size=(2, 5, 3, 3)).astype(np.float32)
+    for b, expected in ((0.375, ["Concat", "Conv", "Mul"]), (0.25, ["Concat", "Mul", "Conv"])):
+        nodes = [helper.make_node("Mul", ["x1", "a"], ["p"], name="m1"),
+                 helper.make_node("Mul", ["x2", "b"], ["q"], name="m2"),
+                 helper.make_node("Concat", ["p", "q"], ["c"], axis=1, name="cat"),
+                 helper.make_node("Conv", ["c", "W"], ["y"], pads=[1, 1, 1, 1], name="conv")]
+        proto = graph_model(nodes, {"x1": [1, 2, 4, 4], "x2": [1, 3, 4, 4]}, {"y": [1, 2, 4, 4]},
+                            {"a": np.float32(0.375), "b": np.full((1, 3, 1, 1), b, np.float32), "W": w})
+        m = apply(proto, [MoveLinearPastConcat, MoveMulPastConv])
+        assert [n.op_type for n in m.graph] == expected
+        compare(proto, m, {"x1": _ints((1, 2, 4, 4)), "x2": _ints((1, 3, 4, 4))})

@@ -134,3 +134,55 @@ def test_unnamed_nodes_streamline_with_per_pass_verification_to_a_model_onnxrunt
     assert report.error is None, report.error
     names = [n.name for n in model.graph]
     assert all(names) and len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("perm,scale_shape,bipolar", [
+    ([1, 0], (6, 1), False), ([1, 0], (1,), False), ([1, 0], (6, 1), True),
+    ([0, 2, 1], (3, 1, 1), False), ([2, 0, 1], (1, 1, 5), False), (None, (6, 1), False)])
+def test_fold_transpose_into_quant_init(perm, scale_shape, bipolar):
+    """The TorchScript exporter's Linear without bias: weight quantizer → Transpose → MatMul. The Transpose moves
+    into the quantizer's constant inputs (per-channel scale and zero point transposed alike; None: the default
+    reversed perm) and the result is bit-identical."""
+    from streamline.tidy import FoldTransposeIntoQuantInit
+
+    wshape = (6, 5) if perm is None or len(perm) == 2 else (3, 6, 5)
+    w = RNG.normal(size=wshape).astype(np.float32)
+    scale = (np.abs(RNG.normal(size=scale_shape)) / 4 + 0.01).astype(np.float32)
+    inits = [_init("W", w), _init("s", scale)]
+    if bipolar:
+        nodes = [helper.make_node("BipolarQuant", ["W", "s"], ["Wq"], domain=QONNX_DOMAIN, name="wq")]
+    else:
+        zero = np.round(RNG.uniform(-2, 2, size=scale_shape)).astype(np.float32)
+        inits += [_init("z", zero), _init("b", np.float32(4))]
+        nodes = [helper.make_node("Quant", ["W", "s", "z", "b"], ["Wq"], domain=QONNX_DOMAIN, signed=1,
+                                  narrow=0, rounding_mode="ROUND", name="wq")]
+    t_attrs = {} if perm is None else {"perm": perm}
+    nodes.append(helper.make_node("Transpose", ["Wq"], ["Wt"], name="t", **t_attrs))
+    wt_shape = list(np.transpose(w, perm).shape)
+    xshape = wt_shape[:-2] + [2, wt_shape[-2]]
+    nodes.append(helper.make_node("MatMul", ["x", "Wt"], ["y"], name="mm"))
+    yshape = wt_shape[:-2] + [2, wt_shape[-1]]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, xshape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, yshape)], initializer=inits)
+    x = RNG.normal(size=xshape).astype(np.float32)
+    m, ref, out = _run_both(make_model(graph), [FoldTransposeIntoQuantInit], {"x": x})
+    assert "Transpose" not in m.op_histogram()
+    assert m.get_nodes_by_op_type("MatMul")[0].inputs[1].producer().op_type == ("BipolarQuant" if bipolar else "Quant")
+    np.testing.assert_array_equal(out["y"], ref["y"])
+
+
+def test_fold_transpose_into_quant_init_leaves_a_shared_weight():
+    """A quantized weight read by the Transpose and by another node stays (the rule records why)."""
+    from streamline.tidy import FoldTransposeIntoQuantInit
+
+    inits = [_init("W", RNG.normal(size=(4, 4)).astype(np.float32)), _init("s", np.float32(0.25))]
+    nodes = [helper.make_node("BipolarQuant", ["W", "s"], ["Wq"], domain=QONNX_DOMAIN, name="wq"),
+             helper.make_node("Transpose", ["Wq"], ["Wt"], perm=[1, 0], name="t"),
+             helper.make_node("MatMul", ["x", "Wt"], ["a"], name="mm1"),
+             helper.make_node("MatMul", ["a", "Wq"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], initializer=inits)
+    rule = FoldTransposeIntoQuantInit()
+    m = Model(make_model(graph))
+    assert not rule.apply(m)
+    assert [miss.reason for miss in rule.misses] == ["the quantized weight has another consumer"]

@@ -31,8 +31,8 @@ def _error(tmp_path: Path, text: str) -> str:
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("- a\n- b\n", "the configuration must be a mapping with keys stages, modules, passes, verification; got a list"),
-    ("stage: [tidy]\n", "key 'stage': unknown key (allowed: stages, modules, passes, verification)"),
+    ("- a\n- b\n", "the configuration must be a mapping with keys stages, modules, passes, verification, preprocessing; got a list"),
+    ("stage: [tidy]\n", "key 'stage': unknown key (allowed: stages, modules, passes, verification, preprocessing)"),
     ("verification:\n  mode: final\n  sample: 3\n", "key 'verification.sample': unknown key (allowed in "
      "verification: mode, samples, seed, input_range, inputs, tolerance, near_ties, near_tie_rtol, float_rtol, "
      "save_dir)"),

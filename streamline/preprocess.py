@@ -1,0 +1,214 @@
+"""Input preprocessing for a first layer that reads the float input (no input quantizer, as in MobileNet-v1 and
+ResNet-18 exports): the graph input becomes an integer-annotated tensor (``UINT8`` pixels) and the preprocessing
+``(x·scale − mean) / std`` (per channel) is put in front of the graph, where streamlining moves it into the first
+layer, so that its Conv/MatMul reads the integers.
+
+:func:`insert_preprocessing` edits the model before the pipeline runs; the reference the pipeline is verified against
+is the model *with* the preprocessing (the original fed with the same preprocessing). The inserted nodes compute
+the formula as written, in float32: ``Mul(scale) → Sub(mean) → Div(std)``; the tidy and streamlining stages turn
+them into one scalar Mul and a per-channel Add (exactly).
+
+:class:`MoveAddPastPaddedConv` then moves the per-channel Add past a zero-padded first Conv; the scalar Mul passes
+it with ``MoveMulPastConv``. A per-channel ``std`` gives a per-channel Mul, which cannot pass a Conv with integer
+weights (it would scale input channels inside each output's sum): the first layer then stays float, and the
+integer-only report says why — use one ``std`` for every channel (Brevitas' ImageNet examples use 0.226).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from finnlite.datatypes import is_integer_type, parse_datatype
+from finnlite.errors import ConfigError, DataTypeError
+from finnlite.passes import Rule, register_pass
+from finnlite.shapes import const_array
+from streamline.exact import channel_vector, exact_value
+from streamline.reorder import _conv_attrs, _linear_input, _padded, _rank
+
+if TYPE_CHECKING:
+    from finnlite.model import Model
+
+__all__ = ["Preprocessing", "parse_number", "insert_preprocessing", "MoveAddPastPaddedConv"]
+
+
+def parse_number(text: Any, what: str = "value") -> float:
+    """A number from a float or a string such as ``"0.5"`` or ``"1/255"``; :class:`ConfigError` otherwise."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        try:
+            value = float(Fraction(str(text).strip()))
+        except (ValueError, ZeroDivisionError):
+            raise ConfigError(f"{what}: '{text}' is not a number (e.g. 0.5 or 1/255)") from None
+    if not np.isfinite(value):
+        raise ConfigError(f"{what}: '{text}' is not finite")
+    return value
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """``x_float = (x·scale − mean[c]) / std[c]`` for the integer input ``x`` of datatype ``input_datatype``.
+    ``mean`` and ``std`` hold one value, or one per channel (axis 1); ``input`` names the graph input (default: the
+    only one)."""
+
+    input_datatype: str = "UINT8"
+    scale: float = 1.0
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    input: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            dt = parse_datatype(self.input_datatype)
+        except DataTypeError:
+            raise ConfigError(f"preprocessing: unknown input datatype '{self.input_datatype}'") from None
+        if not is_integer_type(dt):
+            raise ConfigError(f"preprocessing: the input datatype must be an integer type, not {dt.name}")
+        if not (np.isfinite(self.scale) and self.scale > 0):
+            raise ConfigError(f"preprocessing: the input scale must be > 0, not {self.scale}")
+        if self.std is not None and not all(np.isfinite(s) and s > 0 for s in self.std):
+            raise ConfigError(f"preprocessing: every std must be > 0, got {list(self.std)}")
+        if self.mean is not None and not all(np.isfinite(m) for m in self.mean):
+            raise ConfigError(f"preprocessing: every mean must be finite, got {list(self.mean)}")
+
+    def describe(self) -> str:
+        parts = [f"{parse_datatype(self.input_datatype).name} input", f"x*{self.scale:.6g}"]
+        if self.mean is not None:
+            parts.append(f"- mean {list(self.mean)}")
+        if self.std is not None:
+            parts.append(f"/ std {list(self.std)}")
+        return " ".join(parts)
+
+
+def _per_channel(values: Sequence[float] | None, channels: int | None, rank: int, what: str, name: str
+                 ) -> np.ndarray | None:
+    if values is None:
+        return None
+    arr = np.asarray(values, np.float32)
+    if arr.size == 1 or np.all(arr == arr[0]):
+        return np.asarray(arr[0], np.float32)
+    if channels is None or arr.size != channels:
+        raise ConfigError(f"preprocessing: {arr.size} {what} values for input '{name}' with "
+                          f"{channels if channels is not None else 'an unknown number of'} channels (axis 1)")
+    return arr.reshape([channels] + [1] * (rank - 2))
+
+
+def insert_preprocessing(model: "Model", pre: Preprocessing) -> list[ir.Node]:
+    """Put ``pre`` in front of the graph (module docstring): the graph input keeps its name, shape and float32
+    element type, is annotated with ``pre.input_datatype``, and its former consumers read the preprocessed
+    tensor. Returns the inserted nodes (none if the preprocessing is the identity)."""
+    names = model.input_names
+    if pre.input is None and len(names) != 1:
+        raise ConfigError(f"preprocessing: the model has inputs {names}; say which one with 'input'")
+    name = pre.input or names[0]
+    if name not in names:
+        raise ConfigError(f"preprocessing: the model has no input '{name}' (inputs: {names})")
+    x = model.value(name)
+    shape = model.get_tensor_shape(name)
+    rank = len(shape) if shape is not None else 0
+    channels = shape[1] if shape is not None and rank >= 2 else None
+    mean = _per_channel(pre.mean, channels, rank, "mean", name)
+    std = _per_channel(pre.std, channels, rank, "std", name)
+    steps = []
+    if pre.scale != 1.0:
+        steps.append(("Mul", np.asarray(pre.scale, np.float32), "scale"))
+    if mean is not None and np.any(mean != 0):
+        steps.append(("Sub", mean, "mean"))
+    if std is not None and np.any(std != 1):
+        steps.append(("Div", std, "std"))
+    model.set_tensor_datatype(name, parse_datatype(pre.input_datatype))
+    if not steps:
+        return []
+    uses = list(x.uses())
+    nodes, cur = [], x
+    for op, const, what in steps:
+        c = model.add_initializer(const, prefix=f"{name}_preprocess_{what}")
+        out = model.make_value_like(x, prefix=f"{name}_preprocess_{what}")
+        nodes.append(ir.Node("", op, [cur, c], outputs=[out], name=f"{name}_preprocess_{op}"))
+        cur = out
+    for use in uses:
+        use.node.replace_input_with(use.idx, cur)
+    first = next(iter(model.graph), None)
+    if first is None:
+        model.graph.extend(nodes)
+    else:
+        model.graph.insert_before(first, nodes)
+    if x.is_graph_output():
+        raise ConfigError(f"preprocessing: input '{name}' is also a graph output")
+    return nodes
+
+
+def _integer_through_scalar_muls(model: "Model", v: ir.Value) -> bool:
+    """True if ``v`` is an integer-annotated tensor, possibly through single-use scalar Muls by constants."""
+    for _ in range(8):
+        if model.has_tensor_datatype(v.name) and is_integer_type(model.get_tensor_datatype(v.name)):
+            return True
+        p = v.producer()
+        if p is None or p.op_type != "Mul" or p.domain not in ("", "ai.onnx") or len(p.inputs) != 2:
+            return False
+        c = const_array(p.inputs[1])
+        if c is None or c.size != 1:
+            return False
+        v = p.inputs[0]
+    return False
+
+
+@register_pass(group="reorder")
+class MoveAddPastPaddedConv(Rule):
+    """Conv(Add(x, b), W) with zero padding → Add(Conv(x, W), B), ``B[o, h, w] = Σ_{c, k inside} W[o, c, k]·b_c``.
+
+    Algebra: pad₀(x + b) = pad₀(x) + pad₀(b·1), and the Conv is linear, so Conv(pad₀(x + b)) = Conv(pad₀(x)) +
+    Conv(pad₀(b·1)); the second term is a constant that varies along the border (the padded taps see 0, not b),
+    a per-position bias [1, O, H', W']. ``B`` is computed in float64 from integer tap sums and the exact b, and
+    rounded to float32 (the Add it makes stays a float node: a per-position bias cannot become thresholds).
+    Conditions: b scalar or per input channel; the Add feeds only the Conv; W constant; x an integer tensor, possibly
+    scaled by scalar Muls (the preprocessing of an integer input, the one case where moving the Add lets the Conv
+    read integers; ``MoveAddPastConv`` handles unpadded Convs)."""
+
+    op_types = ("Conv",)
+
+    def match(self, model: Any, node: ir.Node) -> Any:
+        lin = _linear_input(node, 0, ("Add",))
+        w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        if lin is None or w is None or not _padded(_conv_attrs(node)):
+            return None
+        if not _integer_through_scalar_muls(model, lin[0].inputs[1 - lin[1]]):
+            return None
+        rank = _rank(node.inputs[0])
+        shape = model.get_tensor_shape(node.inputs[0].name)
+        if rank is None or shape is None or any(d is None for d in shape) or node.outputs[0].shape is None:
+            return self.miss(node, "unknown shapes")
+        vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1)
+        if vec is None:
+            return self.miss(node, "the Add before the Conv varies along a spatial axis")
+        return node, lin, vec, w, shape
+
+    def rewrite(self, model: Any, match: Any) -> None:
+        node, (lin, ci, _), vec, w, shape = match
+        b = np.broadcast_to(np.array([float(v) for v in vec], np.float64), (shape[1],))
+        ones = np.ones([1, shape[1]] + list(shape[2:]), np.float64) * b.reshape([1, -1] + [1] * (len(shape) - 2))
+        bias = _conv64(node, ones, w.astype(np.float64)).astype(np.float32)
+        node.replace_input_with(0, lin.inputs[1 - ci])
+        model.remove_node(lin)
+        y = node.outputs[0]
+        out = model.make_value_like(y)
+        model.replace_uses(y, out)
+        c = model.add_initializer(bias, prefix=f"{lin.name}_border")
+        model.graph.insert_after(node, ir.Node("", "Add", [y, c], outputs=[out], name=f"{lin.name}_past_conv"))
+
+
+def _conv64(node: ir.Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The Conv of ``node`` (its attributes) on float64 arrays, by the executor's float64 kernel."""
+    import onnx
+
+    from custom_ops.float64_ops import conv
+
+    attrs = [a for a in (ir.serde.serialize_attribute(attr) for attr in node.attributes.values())]
+    proto = onnx.helper.make_node("Conv", ["x", "w"], ["y"], name=node.name)
+    proto.attribute.extend(attrs)
+    return conv(proto, [x, w])[0]

@@ -1,0 +1,153 @@
+"""The corpus of Brevitas exports (``tests/corpus/export.py``): where its models are, and one check of a model.
+
+Models live in ``tests/corpus/models/`` (committed, < 1 MB each) and in ``$FINNLITE_CORPUS`` (default
+``~/.cache/finnlite/corpus``, the larger ones); each directory has a ``manifest.json``. :func:`check_model` runs
+the default pipeline (:func:`finnlite.build.streamline`, what the CLI runs, with its default per-pass checks) and
+measures what the corpus test asserts and the corpus report (``python -m bench.corpus``) prints:
+
+* integer-only: no interior float node (:func:`verify.float_report`), no Quant / BipolarQuant / Trunc /
+  BatchNormalization left, and the output dequantization at most one Mul and one Add (and shape ops);
+* at most one Transpose;
+* exact: agreement with float64 execution of the original on 32 inputs drawn from the manifest's input range (the
+  input quantizer's), through :func:`verify.final_check` with ``float64="all"`` (the same comparison as the
+  CLI's final check, on every sample).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+COMMITTED = HERE / "models"
+#: ops that must not survive the pipeline
+LEFTOVER_OPS = ("Quant", "BipolarQuant", "Trunc", "BatchNormalization")
+_SHAPE_OPS = ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity")
+
+
+def cache_dir() -> Path:
+    """``$FINNLITE_CORPUS`` or ``~/.cache/finnlite/corpus``."""
+    return Path(os.environ.get("FINNLITE_CORPUS", Path.home() / ".cache" / "finnlite" / "corpus"))
+
+
+def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
+    path = directory / "manifest.json"
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        entries = json.load(f)
+    for entry in entries.values():
+        entry["dir"] = str(directory)
+    return entries
+
+
+def committed_entries() -> dict[str, dict[str, Any]]:
+    """The committed models' manifest entries (with ``dir``)."""
+    return {k: e for k, e in _manifest(COMMITTED).items() if not e.get("cached")}
+
+
+def corpus_names() -> set[str]:
+    """Every model of the corpus, committed or cached (the committed manifest lists both)."""
+    return set(_manifest(COMMITTED))
+
+
+def cached_entries() -> dict[str, dict[str, Any]]:
+    """The cache directory's manifest entries (with ``dir``); empty when the cache is absent."""
+    return _manifest(cache_dir())
+
+
+def model_path(entry: dict[str, Any]) -> Path:
+    return Path(entry["dir"]) / entry["file"]
+
+
+@dataclass
+class CorpusResult:
+    """What the pipeline made of one corpus model."""
+
+    name: str
+    nodes_before: int = 0
+    nodes_after: int = 0
+    float_nodes: list[str] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
+    transposes: int = 0
+    exact: bool | None = None
+    mismatch: str = ""
+    seconds: float = 0.0
+    crash: str = ""
+    verification: str = ""
+
+    @property
+    def tail_ok(self) -> bool:
+        ops = [t.split(" ", 1)[0] for t in self.tail]
+        arithmetic = [o for o in ops if o not in _SHAPE_OPS]
+        return all(o in ("Mul", "Add") for o in arithmetic) and ops.count("Mul") <= 1 and ops.count("Add") <= 1
+
+    def problems(self) -> list[str]:
+        """Every requirement the result misses, one line each (empty: the model passes)."""
+        if self.crash:
+            return [f"pipeline crashed: {self.crash}"]
+        out = []
+        if self.verification:
+            out.append(f"the pipeline's verification failed: {self.verification}")
+        if self.float_nodes:
+            out.append(f"{len(self.float_nodes)} float node(s) left: {', '.join(self.float_nodes[:4])}")
+        if self.leftovers:
+            out.append(f"left over: {', '.join(self.leftovers)}")
+        if not self.tail_ok:
+            out.append(f"output dequantization is more than one Mul and one Add: {', '.join(self.tail)}")
+        if self.transposes > 1:
+            out.append(f"{self.transposes} Transposes")
+        if self.exact is False:
+            out.append(f"differs from float64 execution of the original: {self.mismatch}")
+        return out
+
+
+def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int = 0,
+                verify: str = "each") -> CorpusResult:
+    """Run the default pipeline on the corpus model ``entry`` and measure it (module docstring). ``verify``: the
+    pipeline's own verification mode (the CLI's default, per-pass checks, unless told otherwise); its failure is
+    a problem like the others."""
+    from finnlite import Model
+    from finnlite.build import streamline
+    from verify import ReferenceData, final_check
+
+    result = CorpusResult(name)
+    model = Model(model_path(entry))
+    result.nodes_before = len(model)
+    lo, hi = entry["input_range"]
+    reference = ReferenceData.random(model, n=samples, seed=seed, low=lo, high=hi)
+    t0 = time.perf_counter()
+    try:
+        report = streamline(model, verify=verify, extras=False)
+    except Exception as exc:  # noqa: BLE001 - a crash is a result the corpus records
+        result.seconds = time.perf_counter() - t0
+        result.crash = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        return result
+    result.seconds = time.perf_counter() - t0
+    if report.error is not None:
+        result.verification = " ".join(str(report.error).split())[:300]
+    result.nodes_after = len(model)
+    floats = report.float_nodes
+    if floats is not None:
+        result.float_nodes = [f"{n.op_type} '{n.name}'" for n in floats.nodes]
+        result.tail = list(floats.dequantization)
+    ops = model.op_histogram()
+    result.leftovers = [f"{ops[o]} {o}" for o in LEFTOVER_OPS if ops.get(o)]
+    result.transposes = ops.get("Transpose", 0)
+    try:
+        final = final_check(reference, model, float64="all")
+    except Exception as exc:  # noqa: BLE001 - recorded as a mismatch
+        result.exact = False
+        result.mismatch = f"final check failed to run: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        return result
+    result.exact = final.ok
+    if not final.ok:
+        worst = [o for o in final.outputs if o.error_samples]
+        result.mismatch = "; ".join(f"{len(o.error_samples)}/{o.samples} samples, max {o.max_error64:.3g} {o.unit}"
+                                    for o in worst) or (final.float64_error or "")
+    return result

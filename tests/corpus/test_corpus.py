@@ -1,0 +1,73 @@
+"""The Brevitas export corpus (issue 23) through the default pipeline.
+
+For every model of ``tests/corpus/models/manifest.json`` (and of ``$FINNLITE_CORPUS``'s manifest when present),
+the default pipeline must give an integer-only model (no interior float node, no Quant / BipolarQuant / Trunc /
+BatchNormalization left, at most one final float Mul and one Add), with at most one Transpose, that agrees with
+float64 execution of the original on 32 inputs over the input quantizer's range (``tests/corpus/check.py``).
+
+Models that do not pass yet are listed in :data:`KNOWN_GAPS` with the precise reason and run as
+``xfail(strict=True)``: the suite stays green, every gap is written down, and a model that starts passing fails
+until its entry is removed. Exporter failures recorded in a manifest are skipped with the exporter's error.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.corpus.check import cache_dir, cached_entries, check_model, committed_entries, corpus_names
+
+_UNEQUAL = ("the branches' scales (different quantizers) differ and their ratio is not a small fraction: the "
+            "{what} stays float (MoveLinearPastEltwiseAdd / the per-channel Mul cannot pass the next Conv)")
+
+#: model -> why it does not pass yet (checked: an entry that passes makes its test fail)
+KNOWN_GAPS: dict[str, str] = {
+    **{f"concat_distinct_{e}": _UNEQUAL.format(what="per-channel scale vector after the Concat")
+       for e in ("dyn", "ts")},
+    **{f"residual_distinct_{e}": _UNEQUAL.format(what="residual Add with its two Muls") for e in ("dyn", "ts")},
+    **{f"perchannel_maxpool_{e}": "per-channel activation scales (scaling_per_output_channel) feed a Conv and the "
+       "classifier: a per-input-channel Mul cannot pass a non-depthwise Conv or a MatMul with integer weights"
+       for e in ("dyn", "ts")},
+    **{f"resnet_mini_{e}": _UNEQUAL.format(what="residual Add of each block (its quantizer and the shortcut's, or "
+                                                   "the block input's, differ)") for e in ("dyn", "ts")},
+}
+
+
+def _params(entries: dict) -> list:
+    params = []
+    for name, entry in sorted(entries.items()):
+        marks = []
+        if name in KNOWN_GAPS:
+            marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[name]))
+        params.append(pytest.param(name, entry, id=name, marks=marks))
+    return params
+
+
+def _run(name: str, entry: dict) -> None:
+    if "error" in entry:
+        pytest.skip(f"the {entry['exporter']} exporter failed on this model: {entry['error']}")
+    result = check_model(name, entry)
+    problems = result.problems()
+    assert not problems, f"{name}: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize("name,entry", _params(committed_entries()))
+def test_committed_model(name: str, entry: dict) -> None:
+    _run(name, entry)
+
+
+_CACHED = cached_entries()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,entry", _params(_CACHED) or [pytest.param(None, None, id="absent")])
+def test_cached_model(name: str | None, entry: dict | None) -> None:
+    if entry is None:
+        pytest.skip(f"no corpus cache at {cache_dir()} (tests/corpus/export.py writes the models over 1 MB there; "
+                    "set FINNLITE_CORPUS)")
+    _run(name, entry)
+
+
+def test_known_gaps_name_corpus_models() -> None:
+    """Every entry of the gap table names a model of the corpus (a renamed model must not hide a stale entry)."""
+    stale = [name for name in KNOWN_GAPS if name not in corpus_names()]
+    assert not stale, f"KNOWN_GAPS names models the corpus does not have: {stale}"
