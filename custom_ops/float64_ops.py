@@ -4,6 +4,8 @@ The executor's float64 mode (``Executor(model, dtype=np.float64)``, used to tell
 these nodes alone through numpy: ``Conv``, ``AveragePool`` and ``GlobalAveragePool`` — what quantized CNNs use.
 They follow the ONNX operator definitions (explicit ``pads`` or ``auto_pad``, ``strides``, ``dilations``,
 ``group``; ``count_include_pad``); ``ceil_mode`` pooling is not supported and raises an :class:`OpError`.
+
+Also here: :class:`Float32Parameters`, how float64 mode runs a quantizer of the model's float32 constants.
 """
 
 from __future__ import annotations
@@ -124,3 +126,26 @@ class Float64Op:
 
     def execute(self, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         return self.kernel(self.node, inputs)
+
+
+#: quantizers whose output, when every input is a float32 constant of the model, is itself a parameter of the model
+PARAMETER_QUANTIZERS = frozenset({"Quant", "IntQuant", "BipolarQuant", "Trunc"})
+
+
+class Float32Parameters:
+    """A quantizer of the model's float32 constants (a weight quantizer), run in float32 in float64 mode.
+
+    Its output is a parameter of the model, not a data-dependent value: the integers of a quantized weight are
+    what float32 arithmetic makes of the float32 weight and scale — Brevitas computes them so, qonnx and the
+    convert stage fold them so, and the streamlined model holds them. Computed in float64 they can differ where
+    ``fl32(w / s)`` lands on a rounding tie that the float64 quotient misses (a ProxylessNAS weight: 5.5 in
+    float32, 5.49999997 in float64), which would make the float64 reference a different network. The inputs are
+    float32 values widened to float64, so narrowing them back is exact; the result is widened again by the step."""
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+
+    def execute(self, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        narrowed = [None if a is None else np.asarray(a).astype(np.float32) if np.asarray(a).dtype.kind == "f"
+                    else a for a in inputs]
+        return self.op.execute(narrowed)
