@@ -24,9 +24,10 @@
   node in double precision (the verifier runs the original model so to tell float32 near-ties from bugs): Casts
   to float32 cast to float64, lowerings are built in float64, custom-op kernels get float64 arrays (a float32
   result is cast back up), and the standard ops onnxruntime has no double kernel for — Conv, AveragePool,
-  GlobalAveragePool — run alone through :mod:`custom_ops.float64_ops`. A quantizer of float32 constants only (a
-  weight quantizer) computes a parameter of the model, not a data-dependent value: it runs in float32, as Brevitas,
-  qonnx and the convert stage compute the integer weights (:class:`~custom_ops.float64_ops.Float32Parameters`).
+  GlobalAveragePool — run alone through :mod:`custom_ops.float64_ops`. A Quant of float32 constants only (a weight
+  quantizer) computes a parameter of the model, not a data-dependent value: its integers come from float32, as
+  Brevitas, qonnx and the convert stage compute the integer weights, and its value from them exactly
+  (:class:`~custom_ops.float64_ops.Float32Parameters`).
 
 **Session options (measured, onnxruntime 1.31).** Regions use ``ORT_DISABLE_ALL`` *and*
 ``session.disable_prepacking=1``; nothing else is bit-identical to qonnx's per-node sessions. qonnx feeds every
@@ -142,7 +143,7 @@ class Executor:
 
         self._constants = {t.name: self._const(numpy_helper.to_array(t)) for t in graph.initializer}
         #: constants that are float32 in the model (widened in float64 mode): a quantizer of only such constants
-        #: computes a parameter of the model, in float32 (custom_ops.float64_ops.Float32Parameters)
+        #: computes a parameter of the model, its integers in float32 (custom_ops.float64_ops.Float32Parameters)
         self._float32 = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
         #: indices (in self._nodes) of the parameter quantizers that run at each run in float64 mode
         self._parameter_nodes: set[int] = set()
@@ -404,8 +405,8 @@ class Executor:
             # a weight quantizer, or anything else reading a large constant
             reads_large = any(t in self._constants and self._constants[t].size >= FEED_ELEMENTS for t in inputs)
             if self._is_parameter_quantizer(node, i, ops):
-                # float64 mode: computed in float32 (Float32Parameters), folded, or without fold_large kept to run
-                # at each run so, as in float32 mode
+                # float64 mode: integers from float32 (Float32Parameters), folded, or without fold_large kept to
+                # run at each run so, as in float32 mode
                 if reads_large and not self.fold_large:
                     self._parameter_nodes.add(len(kept))
                     kept_ops[len(kept)] = ops[i]
@@ -462,8 +463,8 @@ class Executor:
         return kept, kept_ops
 
     def _is_parameter_quantizer(self, node: onnx.NodeProto, i: int, ops: Mapping[int, CustomOp]) -> bool:
-        """In float64 mode: a quantizer whose every input is a float32 constant of the model (a weight quantizer,
-        whose output is a parameter: see :class:`~custom_ops.float64_ops.Float32Parameters`)."""
+        """In float64 mode: a Quant whose every input is a float32 constant of the model (a weight quantizer, whose
+        output is a parameter: see :class:`~custom_ops.float64_ops.Float32Parameters`)."""
         return (self.dtype == np.float64 and i in ops and node.op_type in PARAMETER_QUANTIZERS
                 and len(node.output) == 1 and all(node.input) and all(t in self._float32 for t in node.input))
 
@@ -563,7 +564,7 @@ class Executor:
         kernels: dict[int, tuple[Kernel | None, str]] = {}
         for i, node in enumerate(self._nodes):
             if i in self._parameter_nodes:
-                kernels[i] = (Float32Parameters(self._ops[i]), "a quantizer of float32 parameters: run in float32")
+                kernels[i] = (Float32Parameters(self._ops[i]), "a quantizer of float32 parameters: integers in float32")
                 continue
             if i in self._ops:
                 if not self.lower:

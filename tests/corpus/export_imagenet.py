@@ -5,12 +5,16 @@ Run with the side environment that has torch and brevitas (finnlite itself never
     /work/side/venv/bin/python tests/corpus/export_imagenet.py [--out DIR] [--models NAME ...] [--dynamo]
 
 Each network comes from ``brevitas_examples.imagenet_classification`` untrained (``pretrained=False``), with
-weights drawn from a fixed seed and every BatchNorm given random running mean, running variance, weight (about a
-fifth of the gammas negative) and bias, so that the thresholds are per channel and non-trivial as in a trained
-network. Activation scales are calibrated on a few random batches (``brevitas.graph.calibrate.calibration_mode``),
-then the model is put in eval mode and exported with ``brevitas.export.export_qonnx`` — the TorchScript exporter
-(``dynamo=False``) unless ``--dynamo`` is given. The files go to ``--out``, else ``$FINNLITE_CORPUS``, else
-``~/.cache/finnlite/corpus``, named ``<model>.onnx``; a ``<model>.json`` beside each gives the input shape and range.
+the layers' own random weights (PyTorch's initialisation after ``torch.manual_seed(seed)``) and every BatchNorm
+given random running mean, running variance, weight (about a fifth of the gammas negative) and bias, so that the
+thresholds are per channel and non-trivial as in a trained network. The activation scales keep Brevitas' initial
+values, as in the export of issue 24 (``--calibrate`` sets them from a few random batches instead, with
+``brevitas.graph.calibrate.calibration_mode``). The model is put in eval mode and exported with
+``brevitas.export.export_qonnx`` — the TorchScript exporter (``dynamo=False``) unless ``--dynamo`` is given (which
+works too, with the weights in a ``.onnx.data`` file beside). The files go to ``--out``, else ``$FINNLITE_CORPUS``,
+else ``~/.cache/finnlite/corpus``, named ``<model>.onnx``; a ``<model>.json`` beside each gives the input shape and
+range. The defaults (seed 0) make a ProxylessNAS export with a weight whose quantizer rounds differently in float32
+and in float64 (``fl32(w / s)`` = 5.5), which the slow test ``tests/corpus/test_imagenet.py`` relies on.
 This file is not imported by the test suite.
 """
 
@@ -37,7 +41,8 @@ def corpus_dir() -> Path:
 
 
 def randomize(model, seed: int) -> None:
-    """Fixed-seed random weights and random BatchNorm statistics/affine (some negative gammas), in place."""
+    """Random BatchNorm statistics and affine parameters (some negative gammas), in place, from ``seed``. The
+    weights keep the layers' own random initialisation (drawn after ``torch.manual_seed(seed)``)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -50,11 +55,6 @@ def randomize(model, seed: int) -> None:
                 sign = torch.where(torch.rand(n, generator=gen) < 0.2, -1.0, 1.0)
                 module.weight.copy_(sign * (torch.rand(n, generator=gen) * 1.5 + 0.25))
                 module.bias.copy_(torch.randn(n, generator=gen) * 0.5)
-            elif isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
-                fan_in = module.weight[0].numel()
-                module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * (2.0 / fan_in) ** 0.5)
-                if module.bias is not None:
-                    module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * 0.1)
 
 
 def calibrate(model, lo: float, hi: float, seed: int, batches: int = 4, batch_size: int = 4) -> None:
@@ -69,7 +69,7 @@ def calibrate(model, lo: float, hi: float, seed: int, batches: int = 4, batch_si
             model(torch.rand((batch_size,) + INPUT_SHAPE[1:], generator=gen) * (hi - lo) + lo)
 
 
-def export_one(name: str, out: Path, seed: int, dynamo: bool, calibrated: bool = True) -> Path:
+def export_one(name: str, out: Path, seed: int, dynamo: bool, calibrated: bool = False) -> Path:
     """Build, randomize, calibrate and export model ``name`` to ``out/<name>.onnx``; returns the path."""
     import torch
     from brevitas.export import export_qonnx
@@ -105,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dynamo", action="store_true", help="use the torch.export (dynamo) exporter")
-    parser.add_argument("--no-calibration", action="store_true",
-                        help="keep the activation scales' initial values (no calibration batches)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="set the activation scales from a few random batches (default: Brevitas' initial values)")
     args = parser.parse_args(argv)
     out = args.out or corpus_dir()
     out.mkdir(parents=True, exist_ok=True)
     for name in args.models:
-        export_one(name, out, args.seed, args.dynamo, not args.no_calibration)
+        export_one(name, out, args.seed, args.dynamo, args.calibrate)
     return 0
 
 

@@ -1,7 +1,8 @@
-"""float64 mode computes the quantizers of the model's float32 constants (weight quantizers) in float32.
+"""float64 mode takes the integers of a quantizer of the model's float32 constants (a weight quantizer) from float32.
 
 A quantized weight is a parameter of the model: its integers are what float32 arithmetic makes of the float32
-weight and scale (Brevitas, qonnx and the convert stage all compute them so). The weight and scale below are a
+weight and scale (Brevitas, qonnx and the convert stage all compute them so); its value is those integers times
+the scale, exactly (as in real arithmetic: a float32 product would round it). The weight and scale below are a
 real case (ProxylessNAS, issue 24): ``fl32(w / s)`` is exactly 5.5 (half to even: 6) while the quotient is
 5.49999997 (5), so a float64 evaluation of the quantizer would run a network with another weight.
 """
@@ -44,8 +45,10 @@ def weight_model(k: int) -> tuple:
 @pytest.mark.parametrize("k,fold", [(8, True), (8, False), (FEED_ELEMENTS, True), (FEED_ELEMENTS, False)])
 def test_float64_mode_quantizes_weights_in_float32(k: int, fold: bool) -> None:
     model, w = weight_model(k)
-    wq32 = np.round(np.clip(w / S_W, -8, 7)) * S_W  # numpy in float32: the model's arithmetic
-    assert wq32[0, 0] == 6 * S_W
+    q = np.round(np.clip(w / S_W, -8, 7))  # numpy in float32: the model's arithmetic for its integers
+    assert q[0, 0] == 6
+    exact = q.astype(np.float64) * np.float64(S_W)  # their value: exact in float64
+    assert exact[0, 0] != np.float64(F32(6) * S_W)  # (the float32 product is rounded)
     x = np.zeros((1, k), F32)
     x[0, 0] = F32(0.35)  # x / 0.1 is 3.5 in float32, 3.4999999 in float64: the activation stays float64
     ex = Executor(model, dtype=np.float64, fold_large=fold)
@@ -53,7 +56,7 @@ def test_float64_mode_quantizes_weights_in_float32(k: int, fold: bool) -> None:
     assert ("quantizer of float32 parameters" in ex.describe()) == (k >= FEED_ELEMENTS and not fold)
     got = ex.run({"x": x}, return_all=True)
     assert got["wq"].dtype == np.float64
-    np.testing.assert_array_equal(got["wq"], wq32.astype(np.float64))
+    np.testing.assert_array_equal(got["wq"], exact)
     assert got["xq"][0, 0] == 3 * np.float64(F32(0.1))  # the activation: real arithmetic (3.4999999 → 3)
     assert got["y"][0, 0] == got["xq"][0, 0] * got["wq"][0, 0]
     assert Executor(model).run({"x": x})["y"][0, 0] == F32(4 * F32(0.1)) * F32(6 * S_W)
