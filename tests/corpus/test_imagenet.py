@@ -19,7 +19,8 @@ from verify import ReferenceData, final_check, float_report
 
 pytestmark = [pytest.mark.zoo, pytest.mark.slow]
 
-NAME = "quant_proxylessnas_mobile14_4b"
+#: the default export, and issue 24's recipe (BatchNorm statistics randomized, affine left): both from the exporter
+NAMES = ("quant_proxylessnas_mobile14_4b", "quant_proxylessnas_mobile14_4b_issue24")
 INPUT_RANGE = (-2.5, 2.5)
 SAMPLES = 32
 
@@ -34,10 +35,11 @@ def corpus_path(name: str) -> Path:
     return path
 
 
-def test_proxylessnas_streamlines_and_agrees_with_float64_on_wide_inputs() -> None:
+@pytest.mark.parametrize("name", NAMES)
+def test_proxylessnas_streamlines_and_agrees_with_float64_on_wide_inputs(name: str) -> None:
     from streamline.pipeline import streamline_model
 
-    model = Model(corpus_path(NAME))
+    model = Model(corpus_path(name))
     ref = ReferenceData.random(model, n=SAMPLES, seed=0, low=INPUT_RANGE[0], high=INPUT_RANGE[1])
     result = streamline_model(model)
     final = final_check(ref, model)
