@@ -24,7 +24,10 @@
   node in double precision (the verifier runs the original model so to tell float32 near-ties from bugs): Casts
   to float32 cast to float64, lowerings are built in float64, custom-op kernels get float64 arrays (a float32
   result is cast back up), and the standard ops onnxruntime has no double kernel for — Conv, AveragePool,
-  GlobalAveragePool — run alone through :mod:`custom_ops.float64_ops`.
+  GlobalAveragePool — run alone through :mod:`custom_ops.float64_ops`. A Quant of float32 constants only (a weight
+  quantizer) computes a parameter of the model, not a data-dependent value: its integers come from float32, as
+  Brevitas, qonnx and the convert stage compute the integer weights, and its value from them exactly
+  (:class:`~custom_ops.float64_ops.Float32Parameters`).
 
 **Session options.** Regions use ``ORT_DISABLE_ALL`` *and*
 ``session.disable_prepacking=1``; nothing else is bit-identical to qonnx's per-node sessions. qonnx feeds every
@@ -72,7 +75,7 @@ from onnx import helper, numpy_helper
 from custom_ops import registry
 from custom_ops.base import CustomOp
 from custom_ops.common import execute_by_rows
-from custom_ops.float64_ops import FLOAT64_KERNELS, Float64Op
+from custom_ops.float64_ops import FLOAT64_KERNELS, PARAMETER_QUANTIZERS, Float32Parameters, Float64Op
 from custom_ops.intconv import fuse_im2col_matmul
 from custom_ops.lowering import Lowering, LoweringContext, NotLowerable, lower_node
 from custom_ops.plan import (FEED_ELEMENTS, Kernel, KernelStep, NodeSessionStep, Plan, RegionStep, Step,
@@ -135,12 +138,19 @@ class Executor:
         self._opset = next((o.version for o in proto.opset_import if registry.is_standard_domain(o.domain)), 0)
 
         self._constants = {t.name: self._const(numpy_helper.to_array(t)) for t in graph.initializer}
+        #: constants that are float32 in the model (widened in float64 mode): a quantizer of only such constants
+        #: computes a parameter of the model, its integers in float32 (custom_ops.float64_ops.Float32Parameters)
+        self._float32 = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+        #: indices (in self._nodes) of the parameter quantizers that run at each run in float64 mode
+        self._parameter_nodes: set[int] = set()
         #: depthwise weight matrices held as their kernels (see the class docstring); made dense by _dense
         self._sparse: dict[str, DepthwiseWeight] = {}
         for name, value in (constants or {}).items():  # further initializers, given as arrays (not serialized)
             if isinstance(value, DepthwiseWeight):
                 self._sparse[name] = value
                 continue
+            if np.asarray(value).dtype == np.float32:
+                self._float32.add(name)
             self._constants[name] = self._const(value).view()  # a view: made read-only below, the caller's is not
         self._inputs = [vi for vi in graph.input if vi.name not in self._constants and vi.name not in self._sparse]
         self._input_shapes = {vi.name: value_info_dims(vi) for vi in self._inputs}
@@ -372,6 +382,19 @@ class Executor:
             inputs = node_inputs(node)
             # a weight quantizer, or anything else reading a large constant
             reads_large = any(t in self._constants and self._constants[t].size >= FEED_ELEMENTS for t in inputs)
+            if self._is_parameter_quantizer(node, i, ops):
+                # float64 mode: integers from float32 (Float32Parameters), folded, or without fold_large kept to
+                # run at each run so, as in float32 mode
+                if reads_large and not self.fold_large:
+                    self._parameter_nodes.add(len(kept))
+                    kept_ops[len(kept)] = ops[i]
+                    kept.append(node)
+                    continue
+                out = node.output[0]
+                self._constants[out] = self._const(execute_by_rows(Float32Parameters(ops[i]),
+                                                                   [self._constants[t] for t in node.input]))
+                self._float32.add(out)
+                continue
             if (reads_large and i in ops and node.op_type in _FOLDED_BY_ROWS and self.dtype == np.float32
                     and len(node.output) == 1 and all(t in self._constants for t in node.input)):
                 # a weight quantizer: folded by its numpy kernel (qonnx's own arithmetic, bit for bit what the
@@ -412,6 +435,12 @@ class Executor:
                 self._constants[t] = self._const(env[t])
         flush()
         return kept, kept_ops
+
+    def _is_parameter_quantizer(self, node: onnx.NodeProto, i: int, ops: Mapping[int, CustomOp]) -> bool:
+        """In float64 mode: a Quant whose every input is a float32 constant of the model (a weight quantizer, whose
+        output is a parameter: see :class:`~custom_ops.float64_ops.Float32Parameters`)."""
+        return (self.dtype == np.float64 and i in ops and node.op_type in PARAMETER_QUANTIZERS
+                and len(node.output) == 1 and all(node.input) and all(t in self._float32 for t in node.input))
 
     def _standard_step(self, node: onnx.NodeProto, label: str) -> Step:
         """A step running one standard node on constant inputs (constant folding)."""
@@ -508,6 +537,9 @@ class Executor:
         lowered: dict[int, Lowering] = {}
         kernels: dict[int, tuple[Kernel | None, str]] = {}
         for i, node in enumerate(self._nodes):
+            if i in self._parameter_nodes:
+                kernels[i] = (Float32Parameters(self._ops[i]), "a quantizer of float32 parameters: integers in float32")
+                continue
             if i in self._ops:
                 if not self.lower:
                     kernels[i] = (self._ops[i], "lowering disabled")

@@ -6,6 +6,8 @@ and the activations ``LeakyRelu``, ``PRelu`` and ``HardSigmoid`` (found between 
 and ``QuantizeLinear``/``DequantizeLinear`` to and from integer types (QDQ models; onnxruntime wants float32 scales).
 They follow the ONNX operator definitions (explicit ``pads`` or ``auto_pad``, ``strides``, ``dilations``,
 ``group``; ``count_include_pad``); ``ceil_mode`` pooling is not supported and raises an :class:`OpError`.
+
+Also here: :class:`Float32Parameters`, how float64 mode runs a Quant of the model's float32 constants.
 """
 
 from __future__ import annotations
@@ -193,3 +195,33 @@ class Float64Op:
 
     def execute(self, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         return self.kernel(self.node, inputs)
+
+
+#: quantizers whose output, when every input is a float32 constant of the model, is itself a parameter of the model
+PARAMETER_QUANTIZERS = frozenset({"Quant", "IntQuant"})
+
+
+class Float32Parameters:
+    """A Quant of the model's float32 constants (a weight quantizer), as float64 mode runs it.
+
+    Its output is a parameter of the model, not a data-dependent value: the integers of a quantized weight are
+    what float32 arithmetic makes of the float32 weight and scale — Brevitas computes them so, qonnx and the
+    convert stage fold them so, and the streamlined model holds them. Computed in float64 they can differ where
+    ``fl32(w / s)`` lands on a rounding tie that the float64 quotient misses (a ProxylessNAS weight: 5.5 in
+    float32, 5.49999997 in float64), which would make the float64 reference a different network. So the integers
+    ``q`` come from float32 arithmetic (the inputs are float32 values widened to float64: narrowing them back is
+    exact), and the weight's value ``(q − z)·s`` from float64, where it is exact (an integer of at most 24 bits
+    times a float32 scale), as in the real-number semantics the rest of the float64 run follows."""
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+
+    def execute(self, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        from custom_ops.quant import quant_integers
+
+        self.op.validate_inputs(inputs)
+        x, scale, zeropoint, bitwidth = (np.asarray(a) for a in inputs)
+        f32 = [a.astype(np.float32) if a.dtype.kind == "f" else a for a in (x, scale, zeropoint)]
+        q = quant_integers(*f32, bitwidth, self.op.signed, self.op.narrow, self.op.rounding_mode)
+        wide = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in (q, zeropoint, scale)]
+        return [np.asarray((wide[0] - wide[1]) * wide[2])]

@@ -116,21 +116,26 @@ def clip_to_range(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return np.where(v < lo_v, lo_v, v)
 
 
-def quant(x: np.ndarray, scale: np.ndarray | float, zeropoint: np.ndarray | float, bitwidth: int | np.ndarray,
-          signed: bool, narrow: bool, rounding_mode: str = "ROUND") -> np.ndarray:
-    """qonnx's Quant on numpy arrays (see the module docstring). Computes in numpy's promotion of the inputs'
-    dtypes (float32 for float32 inputs) and returns that dtype."""
+def quant_integers(x: np.ndarray, scale: np.ndarray | float, zeropoint: np.ndarray | float,
+                   bitwidth: int | np.ndarray, signed: bool, narrow: bool, rounding_mode: str = "ROUND") -> np.ndarray:
+    """The integers ``q = R(clip(x / scale + zeropoint, qmin, qmax))`` of qonnx's Quant (±1 for a bipolar one), in
+    numpy's promotion of the inputs' dtypes: the first half of :func:`quant`."""
     bits = _as_bitwidth(bitwidth)
     v = np.asarray(x) / scale
     v = v + zeropoint
     if bits == 1 and signed:
         v = np.asarray(v)
         one = np.ones(v.shape, dtype=v.dtype)
-        q = np.where(v >= 0.0, one, -one)
-    else:
-        q = rounding_function(rounding_mode)(clip_to_range(v, min_int(signed, narrow, bits),
-                                                           max_int(signed, narrow, bits)))
-    y = q - zeropoint
+        return np.where(v >= 0.0, one, -one)
+    return rounding_function(rounding_mode)(clip_to_range(v, min_int(signed, narrow, bits),
+                                                          max_int(signed, narrow, bits)))
+
+
+def quant(x: np.ndarray, scale: np.ndarray | float, zeropoint: np.ndarray | float, bitwidth: int | np.ndarray,
+          signed: bool, narrow: bool, rounding_mode: str = "ROUND") -> np.ndarray:
+    """qonnx's Quant on numpy arrays (see the module docstring). Computes in numpy's promotion of the inputs'
+    dtypes (float32 for float32 inputs) and returns that dtype."""
+    y = quant_integers(x, scale, zeropoint, bitwidth, signed, narrow, rounding_mode) - zeropoint
     return np.asarray(y * scale)
 
 
