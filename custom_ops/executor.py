@@ -141,8 +141,6 @@ class Executor:
         #: constants that are float32 in the model (widened in float64 mode): a quantizer of only such constants
         #: computes a parameter of the model, its integers in float32 (custom_ops.float64_ops.Float32Parameters)
         self._float32 = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
-        #: indices (in self._nodes) of the parameter quantizers that run at each run in float64 mode
-        self._parameter_nodes: set[int] = set()
         #: depthwise weight matrices held as their kernels (see the class docstring); made dense by _dense
         self._sparse: dict[str, DepthwiseWeight] = {}
         for name, value in (constants or {}).items():  # further initializers, given as arrays (not serialized)
@@ -383,13 +381,7 @@ class Executor:
             # a weight quantizer, or anything else reading a large constant
             reads_large = any(t in self._constants and self._constants[t].size >= FEED_ELEMENTS for t in inputs)
             if self._is_parameter_quantizer(node, i, ops):
-                # float64 mode: integers from float32 (Float32Parameters), folded, or without fold_large kept to
-                # run at each run so, as in float32 mode
-                if reads_large and not self.fold_large:
-                    self._parameter_nodes.add(len(kept))
-                    kept_ops[len(kept)] = ops[i]
-                    kept.append(node)
-                    continue
+                # float64 mode: a quantizer of float32 parameters is folded with its integers from float32
                 out = node.output[0]
                 self._constants[out] = self._const(execute_by_rows(Float32Parameters(ops[i]),
                                                                    [self._constants[t] for t in node.input]))
@@ -537,9 +529,6 @@ class Executor:
         lowered: dict[int, Lowering] = {}
         kernels: dict[int, tuple[Kernel | None, str]] = {}
         for i, node in enumerate(self._nodes):
-            if i in self._parameter_nodes:
-                kernels[i] = (Float32Parameters(self._ops[i]), "a quantizer of float32 parameters: integers in float32")
-                continue
             if i in self._ops:
                 if not self.lower:
                     kernels[i] = (self._ops[i], "lowering disabled")
