@@ -36,10 +36,14 @@ import onnx_ir as ir
 from custom_ops.plan import release_memory
 from finnlite.errors import VerificationError
 from finnlite.model import Model, as_model
+from verify.annotations import AnnotationIssue, check_annotations
 from verify.compare import is_integer_tensor, quant_step
 from verify.reference import ReferenceData
 from verify.region import (as_constant, constant_tensors, descendants, handed_over, node_label, run_nodes,
                            subgraph_model, topo_order)
+from verify.locate import Divergence, first_divergence
+from verify.proofs import ProofIssue, proof_inputs, prove_thresholds
+from verify.tail import TailIssue, check_tail
 from verify.ties import QUANTIZER_OPS, Margin, margin_at, near_elements
 
 log = logging.getLogger(__name__)
@@ -105,11 +109,21 @@ class FinalCheck:
     #: where the streamlined model's own float layers met a near-tie (margin measured on its float64 run)
     float_layer_sites: list[TieSite] = field(default_factory=list)
     float64_error: str | None = None
+    #: false integer datatype claims (:mod:`verify.annotations`)
+    annotation_issues: list[AnnotationIssue] = field(default_factory=list)
+    #: output dequantizations whose scale or bias differ from the original's (:mod:`verify.tail`)
+    tail_issues: list[TailIssue] = field(default_factory=list)
+    #: where a failing output's divergence starts (:mod:`verify.locate`), when it can be told
+    divergence: Divergence | None = None
+    #: MultiThresholds (or their accumulators) proved different from the original's quantizers (:mod:`verify.proofs`)
+    proof_issues: list[ProofIssue] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """True if every output agrees with float64 execution of the original on every sample."""
-        return self.float64_error is None and all(o.ok for o in self.outputs)
+        """True if every output agrees with float64 execution of the original on every sample, the output
+        dequantization equals the original's and every datatype annotation holds."""
+        return (self.float64_error is None and all(o.ok for o in self.outputs) and not self.annotation_issues
+                and not self.tail_issues and not self.proof_issues)
 
     @property
     def near_tie_samples(self) -> list[int]:
@@ -139,6 +153,14 @@ class FinalCheck:
             lines.append(f"  near-tie {site.describe()}")
         for site in self.float_layer_sites:
             lines.append(f"  near-tie of the streamlined model's float layer, {site.describe()}")
+        if self.divergence is not None:
+            lines.append(f"  {self.divergence.describe()}")
+        for issue in self.tail_issues:
+            lines.append(f"  tail: {issue.describe()}")
+        for p in self.proof_issues:
+            lines.append(f"  threshold proof: {p.describe()}")
+        for a in self.annotation_issues:
+            lines.append(f"  false annotation: {a.describe()}")
         return "\n".join(lines)
 
     def raise_for_errors(self) -> None:
@@ -147,10 +169,23 @@ class FinalCheck:
             raise VerificationError(f"final check: cannot run the original in float64 ({self.float64_error})")
         for o in self.outputs:
             if o.error_samples:
+                d = self.divergence
+                where = f"; {d.describe()}" if d is not None else ""
                 raise VerificationError(
-                    f"final check: the streamlined model differs from float64 execution of the original on "
-                    f"{len(o.error_samples)} of {o.samples} samples (first: sample {o.error_samples[0]}; max "
-                    f"deviation {o.max_error64:.6g} {o.unit}, compared {o.compared_as})", tensor=o.name)
+                    f"final check: output '{o.name}' of the streamlined model differs from float64 execution of the "
+                    f"original on {len(o.error_samples)} of {o.samples} samples (first: sample "
+                    f"{o.error_samples[0]}; max deviation {o.max_error64:.6g} {o.unit}, compared {o.compared_as})"
+                    f"{where}", node=d.node if d is not None else None, tensor=d.tensor if d is not None else o.name)
+        for t in self.tail_issues:
+            raise VerificationError(f"final check: {t.describe()}", node=t.node, tensor=t.output)
+        for p in self.proof_issues:
+            raise VerificationError(f"final check: against the original quantizer '{p.quantizer}': {p.message}",
+                                    node=p.node, tensor=p.tensor)
+        for a in self.annotation_issues:
+            more = f" (and {len(self.annotation_issues) - 1} more false annotation(s))" \
+                if len(self.annotation_issues) > 1 else ""
+            raise VerificationError(f"final check: {a.source} {a.claim} is false: {a.message}{more}", node=a.node,
+                                    tensor=a.tensor)
 
 
 def integer_tail(model: Model, output: str) -> tuple[str, list[ir.Node]] | None:
@@ -311,7 +346,8 @@ class _LazyFloat64:
 
 
 def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-5, explain: int = 4,
-                float64: str = "all") -> FinalCheck:
+                float64: str = "all", annotations: bool = True, tail_samples: int = 2,
+                locate: bool = True, proofs: bool = True) -> FinalCheck:
     """Compare ``model`` (the streamlined model, run in float32) with the original model of ``reference`` run in
     float32 and in float64, on every reference sample (module docstring). ``explain``: for how many near-tie
     samples to find the quantizer where float32 and float64 execution of the original part.
@@ -320,7 +356,14 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     only on the samples where the streamlined model disagrees with the original's float32 execution — a sample
     that agrees with float32 is then taken to agree with float64 too (the two executions of the original differ
     only at float32 near-ties, where the streamlined model follows float64). The faster mode is what the CLI and
-    the build step use; it never accepts a sample that disagrees with both."""
+    the build step use; it never accepts a sample that disagrees with both.
+
+    Further checks (each a failure of its own): ``annotations``: every integer datatype claim of ``model`` against
+    the values seen on the samples and the ranges derived from the graph (:mod:`verify.annotations`);
+    ``tail_samples``: on that many samples whose levels agree (the original then runs in float64 on them), the
+    output dequantization's scale and bias as numbers (:mod:`verify.tail`); ``locate``: after a failure, the first
+    intermediate tensor that diverges (:mod:`verify.locate`); ``proofs``: every MultiThreshold matched to a quantizer
+    of the original, on every integer input of its range (:mod:`verify.proofs`)."""
     if float64 not in ("all", "mismatch"):
         raise ValueError(f"float64 must be 'all' or 'mismatch', not {float64!r}")
     m = as_model(model)
@@ -330,7 +373,21 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     tails = {o: integer_tail(m, o) for o in m.output_names}
     extra = [t[0] for t in tails.values() if t is not None]
     # the streamlined model first, its executor dropped before the original's are built: never both in memory
-    got = _executor(m, extra).run(reference.inputs, release=True)  # run once: one session alive at a time
+    executor = _executor(m, extra)
+    kept: dict[int, dict[str, np.ndarray]] = {}
+    keep = proof_inputs(m, reference) if proofs else set()
+    if annotations or keep:  # a sample at a time, every tensor: before the run that releases the sessions
+        issues = check_annotations(m, reference if annotations or keep else None, executor=executor, kept=kept,
+                                   keep=keep)
+        result.annotation_issues = issues if annotations else []
+    if keep and kept:
+        try:
+            result.proof_issues = prove_thresholds(m, reference, [kept[i] for i in sorted(kept)], sorted(kept))
+        except Exception as exc:  # noqa: BLE001 - a proof that cannot run proves nothing; the other checks stand
+            log.warning("could not compare the thresholds with the original quantizers: %s", exc)
+        kept.clear()
+    got = executor.run(reference.inputs, release=True)  # run once: one session alive at a time
+    del executor
     release_memory()  # that executor's weight copies and the largest run's intermediates
     ref32 = reference.outputs(np.float32)
     lazy64 = _LazyFloat64(reference, b0) if float64 == "mismatch" else None
@@ -339,6 +396,7 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
         result.float64_error = f"{type(exc).__name__}: {exc}"
         ref64 = None
+    ref64_all = ref64
     slices = [{k: _slice(v, i, b0) for k, v in got.items()} for i in range(n)]
     runners: dict[str, Any] = {}
     in64: Any = None
@@ -410,6 +468,31 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
             elif not ok32 and i not in check.float_layer_ties:
                 check.near_tie_samples.append(i)
         result.outputs.append(check)
+        if tail is not None and out in runners and tail_samples > 0 and result.float64_error is None:
+            skip = set(check.error_samples) | set(check.float_layer_ties)
+            triples = []
+            try:
+                for i in [i for i in range(n) if i not in skip][:tail_samples]:
+                    y64 = lazy64.sample(i)[out] if lazy64 is not None else _slice(ref64_all[out], i, b0)
+                    triples.append((i, slices[i][tail[0]], y64))
+            except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
+                result.float64_error = f"{type(exc).__name__}: {exc}"
+            issue = check_tail(out, tail[0], runners[out], tail[1], triples)
+            if issue is not None:
+                result.tail_issues.append(issue)
+    failing = sorted({s for o in result.outputs for s in o.error_samples})
+    if locate and failing:
+        others = [i for i in range(n) if i != failing[0]][:3]
+        try:
+            result.divergence = first_divergence(m, reference, [failing[0]] + others)
+        except Exception as exc:  # noqa: BLE001 - a location is a bonus, the failure stands
+            log.warning("could not locate the first diverging tensor: %s", exc)
+        bad_tail = next((tails[o.name] for o in result.outputs if o.error_samples and tails.get(o.name)), None)
+        if result.divergence is None and bad_tail is not None:  # nothing shared diverges before the output's q
+            producer = m.find_producer(bad_tail[0])
+            result.divergence = Divergence(bad_tail[0], node_label(producer) if producer is not None else None,
+                                           "the output's integer tensor; no tensor shared with the original "
+                                           "diverges before it")
     for i in result.near_tie_samples[:explain]:
         try:
             site = _tie_site(reference, i)
