@@ -65,15 +65,19 @@ class _Seen:
     example: float | None = None
 
     def add(self, arr: np.ndarray) -> None:
-        a = np.asarray(arr, dtype=np.float64)
+        a = np.asarray(arr)
         if a.size == 0:
             return
-        self.lo, self.hi = min(self.lo, float(np.min(a))), max(self.hi, float(np.max(a)))
-        integral = np.isfinite(a) & (a == np.round(a))
-        if self.example is None and not integral.all():
-            self.example = float(a.reshape(-1)[int(np.argmin(integral.reshape(-1)))])
-        self.integer &= bool(integral.all())
-        self.zero |= bool((a == 0).any())
+        lo, hi = float(np.min(a)), float(np.max(a))
+        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+        if self.integer and a.dtype.kind == "f":  # NaN and inf fail rint(a) == a, or min/max
+            if not (np.isfinite(lo) and np.isfinite(hi)) or not np.array_equal(np.rint(a), a):
+                integral = np.isfinite(a) & (np.rint(a) == a)
+                if self.example is None:
+                    self.example = float(a.reshape(-1)[int(np.argmin(integral.reshape(-1)))])
+                self.integer = False
+        if not self.zero and lo <= 0 <= hi:
+            self.zero = bool((a == 0).any())
 
 
 def _violation(dt: BaseDataType, lo: float, hi: float, integer: bool, zero: bool) -> str | None:
@@ -127,14 +131,15 @@ def _weight_sums(w: Any, op: str) -> tuple[np.ndarray, np.ndarray, bool] | None:
     if isinstance(w, DepthwiseWeight):
         cols = np.asarray(w.column_weights(), dtype=np.float64)  # [C, k]
     else:
-        arr = np.asarray(w.numpy(), dtype=np.float64)
+        arr = np.asarray(w.numpy())
         if op == "MatMul":
             if arr.ndim != 2:
                 return None
             cols = arr.T
         else:  # Conv: [out, in/group, kh, kw]
             cols = arr.reshape(arr.shape[0], -1)
-    return np.maximum(cols, 0).sum(1), np.minimum(cols, 0).sum(1), bool(np.array_equal(cols, np.round(cols)))
+    return (np.maximum(cols, 0).sum(1, dtype=np.float64), np.minimum(cols, 0).sum(1, dtype=np.float64),
+            bool(np.array_equal(cols, np.rint(cols))))
 
 
 def derived_ranges(model: Model) -> dict[str, tuple[float, float, bool, bool]]:
@@ -195,8 +200,8 @@ def observed_ranges(model: Model, reference: Any, names: Iterable[str], samples:
                     executor: Any = None, kept: dict[int, dict[str, np.ndarray]] | None = None,
                     keep: Iterable[str] = ()) -> dict[str, _Seen]:
     """Run ``model`` on the reference samples one at a time and keep, for each tensor of ``names``, its range,
-    whether it is integer and whether it holds 0 (and a first non-integer value). The tensors ``keep`` are kept
-    per sample in ``kept`` (for other checks that need them, without running the model again)."""
+    whether it is integer and whether it holds 0 (and a first non-integer value). The tensors ``keep`` are kept in
+    ``kept`` for the samples it has keys for (for other checks that need them, without running the model again)."""
     from verify.final import _executor
 
     seen = {n: _Seen() for n in names}
@@ -210,19 +215,20 @@ def observed_ranges(model: Model, reference: Any, names: Iterable[str], samples:
         for name, s in seen.items():
             if name in values:
                 s.add(values[name])
-        if kept is not None and keep:
+        if kept is not None and keep and i in kept:
             kept[i] = {k: values[k] for k in keep if k in values}
         del values
     return seen
 
 
 def check_annotations(model: Any, reference: Any = None, *, samples: int | None = None, executor: Any = None,
-                      kept: dict[int, dict[str, np.ndarray]] | None = None,
-                      keep: Iterable[str] = ()) -> list[AnnotationIssue]:
+                      kept: dict[int, dict[str, np.ndarray]] | None = None, keep: Iterable[str] = (),
+                      derived: dict[str, tuple[float, float, bool, bool]] | None = None) -> list[AnnotationIssue]:
     """Every false integer datatype claim of ``model`` (module docstring). With ``reference`` (a
     :class:`verify.ReferenceData`) the activations are also checked against the values seen on its samples (the
     first ``samples``, all by default; ``executor``: an executor of ``model`` to run them with; ``keep``: tensors
-    whose values are returned per sample in ``kept``, see :func:`observed_ranges`)."""
+    whose values are returned per sample in ``kept``, see :func:`observed_ranges`; ``derived``: the model's
+    :func:`derived_ranges`, if the caller has them)."""
     m = model if isinstance(model, Model) else Model(model, check=False)
     issues: list[AnnotationIssue] = []
     # weights and other constants: their values are their range
@@ -236,7 +242,7 @@ def check_annotations(model: Any, reference: Any = None, *, samples: int | None 
         why = _violation(dt, s.lo, s.hi, s.integer, s.zero) if arr.size else None
         if why is not None:
             issues.append(AnnotationIssue(name, None, dt.name, "finn_datatype", f"the initializer holds {why}"))
-    derived = derived_ranges(m)
+    derived = derived if derived is not None else derived_ranges(m)
     producers = {v.name: node for node in m.graph for v in node.outputs}
     claims: list[tuple[str, ir.Node | None, BaseDataType, str]] = []
     for name, node in producers.items():

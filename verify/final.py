@@ -36,13 +36,13 @@ import onnx_ir as ir
 from custom_ops.plan import release_memory
 from finnlite.errors import VerificationError
 from finnlite.model import Model, as_model
-from verify.annotations import AnnotationIssue, check_annotations
+from verify.annotations import AnnotationIssue, check_annotations, derived_ranges
 from verify.compare import is_integer_tensor, quant_step
 from verify.reference import ReferenceData
 from verify.region import (as_constant, constant_tensors, descendants, handed_over, node_label, run_nodes,
                            subgraph_model, topo_order)
 from verify.locate import Divergence, first_divergence
-from verify.proofs import ProofIssue, proof_inputs, prove_thresholds
+from verify.proofs import ProofIssue, proof_inputs, proof_samples, prove_thresholds
 from verify.tail import TailIssue, check_tail
 from verify.ties import QUANTIZER_OPS, Margin, margin_at, near_elements
 
@@ -167,6 +167,15 @@ class FinalCheck:
         """Raise :class:`VerificationError` if some output disagrees with float64 execution of the original."""
         if self.float64_error is not None:
             raise VerificationError(f"final check: cannot run the original in float64 ({self.float64_error})")
+        # the most precise first: a proof or a false claim names the fault itself
+        for p in self.proof_issues:
+            raise VerificationError(f"final check: against the original quantizer '{p.quantizer}': {p.message}",
+                                    node=p.node, tensor=p.tensor)
+        for a in self.annotation_issues:
+            more = f" (and {len(self.annotation_issues) - 1} more false annotation(s))" \
+                if len(self.annotation_issues) > 1 else ""
+            raise VerificationError(f"final check: {a.source} {a.claim} is false: {a.message}{more}", node=a.node,
+                                    tensor=a.tensor)
         for o in self.outputs:
             if o.error_samples:
                 d = self.divergence
@@ -178,14 +187,6 @@ class FinalCheck:
                     f"{where}", node=d.node if d is not None else None, tensor=d.tensor if d is not None else o.name)
         for t in self.tail_issues:
             raise VerificationError(f"final check: {t.describe()}", node=t.node, tensor=t.output)
-        for p in self.proof_issues:
-            raise VerificationError(f"final check: against the original quantizer '{p.quantizer}': {p.message}",
-                                    node=p.node, tensor=p.tensor)
-        for a in self.annotation_issues:
-            more = f" (and {len(self.annotation_issues) - 1} more false annotation(s))" \
-                if len(self.annotation_issues) > 1 else ""
-            raise VerificationError(f"final check: {a.source} {a.claim} is false: {a.message}{more}", node=a.node,
-                                    tensor=a.tensor)
 
 
 def integer_tail(model: Model, output: str) -> tuple[str, list[ir.Node]] | None:
@@ -374,15 +375,17 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     extra = [t[0] for t in tails.values() if t is not None]
     # the streamlined model first, its executor dropped before the original's are built: never both in memory
     executor = _executor(m, extra)
-    kept: dict[int, dict[str, np.ndarray]] = {}
     keep = proof_inputs(m, reference) if proofs else set()
+    kept: dict[int, dict[str, np.ndarray]] = {i: {} for i in range(min(n, proof_samples(reference)))}
+    ranges = derived_ranges(m) if annotations or keep else None
     if annotations or keep:  # a sample at a time, every tensor: before the run that releases the sessions
-        issues = check_annotations(m, reference if annotations or keep else None, executor=executor, kept=kept,
-                                   keep=keep)
+        issues = check_annotations(m, reference, executor=executor, kept=kept, keep=keep, derived=ranges)
         result.annotation_issues = issues if annotations else []
+    outputs64: dict[int, dict[str, np.ndarray]] = {}  # the original's, from the proofs' float64 runs
     if keep and kept:
         try:
-            result.proof_issues = prove_thresholds(m, reference, [kept[i] for i in sorted(kept)], sorted(kept))
+            result.proof_issues = prove_thresholds(m, reference, [kept[i] for i in sorted(kept)], sorted(kept),
+                                                   ranges=ranges, outputs64=outputs64)
         except Exception as exc:  # noqa: BLE001 - a proof that cannot run proves nothing; the other checks stand
             log.warning("could not compare the thresholds with the original quantizers: %s", exc)
         kept.clear()
@@ -391,6 +394,8 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     release_memory()  # that executor's weight copies and the largest run's intermediates
     ref32 = reference.outputs(np.float32)
     lazy64 = _LazyFloat64(reference, b0) if float64 == "mismatch" else None
+    if lazy64 is not None:
+        lazy64.cache.update(outputs64)
     try:
         ref64 = reference.outputs(np.float64) if lazy64 is None else None
     except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail

@@ -43,8 +43,8 @@ class Divergence:
 
 def _align(s: np.ndarray, o: np.ndarray, nhwc: bool) -> tuple[np.ndarray, np.ndarray] | None:
     """Both as ``[samples, C, rest]`` (channel second), or None if the shapes do not correspond."""
-    if nhwc and o.ndim == 5 and s.ndim == 5:  # [samples, N, C, H, W] vs [samples, N, H, W, C]
-        o = np.moveaxis(o, 2, 4)
+    if o.ndim == 5 and s.ndim == 5 and (nhwc or (s.shape != o.shape and np.moveaxis(o, 2, 4).shape == s.shape)):
+        o, nhwc = np.moveaxis(o, 2, 4), True  # [samples, N, C, H, W] vs [samples, N, H, W, C]
     if s.shape != o.shape or s.ndim < 3:
         return None
     chan = s.ndim - 1 if nhwc else 2
