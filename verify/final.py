@@ -44,6 +44,7 @@ from verify.region import (as_constant, constant_tensors, descendants, handed_ov
 from verify.locate import Divergence, first_divergence
 from verify.proofs import ProofIssue, proof_inputs, proof_samples, prove_thresholds
 from verify.tail import TailIssue, check_tail
+from verify.weights import WeightIssue, compare_weights
 from verify.ties import QUANTIZER_OPS, Margin, margin_at, near_elements
 
 log = logging.getLogger(__name__)
@@ -117,13 +118,15 @@ class FinalCheck:
     divergence: Divergence | None = None
     #: MultiThresholds (or their accumulators) proved different from the original's quantizers (:mod:`verify.proofs`)
     proof_issues: list[ProofIssue] = field(default_factory=list)
+    #: streamlined weights that are not the original's up to a scale per output channel (:mod:`verify.weights`)
+    weight_issues: list[WeightIssue] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """True if every output agrees with float64 execution of the original on every sample, the output
         dequantization equals the original's and every datatype annotation holds."""
         return (self.float64_error is None and all(o.ok for o in self.outputs) and not self.annotation_issues
-                and not self.tail_issues and not self.proof_issues)
+                and not self.tail_issues and not self.proof_issues and not self.weight_issues)
 
     @property
     def near_tie_samples(self) -> list[int]:
@@ -159,6 +162,8 @@ class FinalCheck:
             lines.append(f"  tail: {issue.describe()}")
         for p in self.proof_issues:
             lines.append(f"  threshold proof: {p.describe()}")
+        for w in self.weight_issues:
+            lines.append(f"  weights: {w.describe()}")
         for a in self.annotation_issues:
             lines.append(f"  false annotation: {a.describe()}")
         return "\n".join(lines)
@@ -167,7 +172,10 @@ class FinalCheck:
         """Raise :class:`VerificationError` if some output disagrees with float64 execution of the original."""
         if self.float64_error is not None:
             raise VerificationError(f"final check: cannot run the original in float64 ({self.float64_error})")
-        # the most precise first: a proof or a false claim names the fault itself
+        # the most precise first: a weight comparison, a proof or a false claim names the fault itself
+        for w in self.weight_issues:
+            raise VerificationError(f"final check: the weights differ from the original layer '{w.layer}': "
+                                    f"{w.message}", node=w.node, tensor=w.tensor)
         for p in self.proof_issues:
             raise VerificationError(f"final check: against the original quantizer '{p.quantizer}': {p.message}",
                                     node=p.node, tensor=p.tensor)
@@ -364,7 +372,8 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     ``tail_samples``: on that many samples whose levels agree (the original then runs in float64 on them), the
     output dequantization's scale and bias as numbers (:mod:`verify.tail`); ``locate``: after a failure, the first
     intermediate tensor that diverges (:mod:`verify.locate`); ``proofs``: every MultiThreshold matched to a quantizer
-    of the original, on every integer input of its range (:mod:`verify.proofs`)."""
+    of the original, on every integer input of its range (:mod:`verify.proofs`), and every weight matched to an
+    original layer, element by element (:mod:`verify.weights`)."""
     if float64 not in ("all", "mismatch"):
         raise ValueError(f"float64 must be 'all' or 'mismatch', not {float64!r}")
     m = as_model(model)
@@ -374,6 +383,8 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     tails = {o: integer_tail(m, o) for o in m.output_names}
     extra = [t[0] for t in tails.values() if t is not None]
     # the streamlined model first, its executor dropped before the original's are built: never both in memory
+    if proofs:
+        result.weight_issues = compare_weights(m, reference.original())
     executor = _executor(m, extra)
     keep = proof_inputs(m, reference) if proofs else set()
     kept: dict[int, dict[str, np.ndarray]] = {i: {} for i in range(min(n, proof_samples(reference)))}
