@@ -172,7 +172,11 @@ class FinalCheck:
         """Raise :class:`VerificationError` if some output disagrees with float64 execution of the original."""
         if self.float64_error is not None:
             raise VerificationError(f"final check: cannot run the original in float64 ({self.float64_error})")
-        # the most precise first: a weight comparison, a proof or a false claim names the fault itself
+        # the most precise first: a weight comparison, a proof or a false claim names the fault itself, and a wrong
+        # output dequantization explains outputs that differ
+        for t in self.tail_issues:
+            if t.explains_levels:
+                raise VerificationError(f"final check: {t.describe()}", node=t.node, tensor=t.output)
         for w in self.weight_issues:
             raise VerificationError(f"final check: the weights differ from the original layer '{w.layer}': "
                                     f"{w.message}", node=w.node, tensor=w.tensor)
@@ -189,8 +193,8 @@ class FinalCheck:
                 d = self.divergence
                 where = f"; {d.describe()}" if d is not None else ""
                 raise VerificationError(
-                    f"final check: output '{o.name}' of the streamlined model differs from float64 execution of the "
-                    f"original on {len(o.error_samples)} of {o.samples} samples (first: sample "
+                    f"final check: the streamlined model differs from float64 execution of the original on "
+                    f"{len(o.error_samples)} of {o.samples} samples in output '{o.name}' (first: sample "
                     f"{o.error_samples[0]}; max deviation {o.max_error64:.6g} {o.unit}, compared {o.compared_as})"
                     f"{where}", node=d.node if d is not None else None, tensor=d.tensor if d is not None else o.name)
         for t in self.tail_issues:
@@ -485,10 +489,14 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
                 check.near_tie_samples.append(i)
         result.outputs.append(check)
         if tail is not None and out in runners and tail_samples > 0 and result.float64_error is None:
-            skip = set(check.error_samples) | set(check.float_layer_ties)
+            # samples whose levels agree, and those that do not: if the original's output is exactly affine in the
+            # streamlined levels there too, the levels are right and the dequantization's constants are not
+            wrong = set(check.error_samples)
+            chosen = [i for i in range(n) if i not in wrong and i not in check.float_layer_ties][:tail_samples]
+            chosen += [i for i in check.error_samples][:8]
             triples = []
             try:
-                for i in [i for i in range(n) if i not in skip][:tail_samples]:
+                for i in chosen:
                     y64 = lazy64.sample(i)[out] if lazy64 is not None else _slice(ref64_all[out], i, b0)
                     triples.append((i, slices[i][tail[0]], y64))
             except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail

@@ -17,6 +17,11 @@ would have to be composed with everything after it. The original itself, run in 
 them as numbers instead: ``a`` and ``b`` are fitted by least squares over the elements that share the streamlined
 tail's ``(a, b)`` (all of them for a per-tensor tail), which names the wrong constant when they differ. This needs
 ``q`` to take two values across those elements; the element-wise comparison above needs nothing.
+
+A wrong scale can also move the output by more than half a step, so that the levels seem to differ. The samples
+where they do are compared too: if the original's output is exactly affine in the streamlined ``q`` there (every
+group with three or more distinct levels fits a line to 1e-6 of a step), ``q`` is right and the constants are
+wrong (:attr:`TailIssue.explains_levels`), and that is what the final check reports.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ class TailIssue:
     node: str | None
     max_steps: float
     detail: str
+    #: the original's output is exactly ``a'·q + b'`` with other constants on samples with three or more levels
+    #: (so the levels ``q`` are right, and the output differences come from the constants alone)
+    explains_levels: bool = False
 
     def describe(self) -> str:
         where = f"node '{self.node}': " if self.node else ""
@@ -96,25 +104,28 @@ def check_tail(output: str, q_name: str, runner: Any, tail_nodes: list[Any], sam
     Q, Y = np.stack(qs), np.stack(ys)
     A, B = np.broadcast_to(a, Q.shape), np.broadcast_to(b, Q.shape)
     keys = np.stack([A.reshape(-1), B.reshape(-1)], 1)
-    detail, which = "", None
+    detail, which, exact, informative = "", None, True, 0
     groups = np.unique(keys, axis=0)
-    for ka, kb in groups[:256]:
+    for ka, kb in groups[:4096]:
         sel = (A == ka) & (B == kb)
         fit = _fit(Q[sel], Y[sel])
         if fit is None:
             continue
         fa, fb = fit
+        if np.unique(Q[sel]).size >= 3:  # two points always lie on a line: three tell
+            resid = float(np.max(np.abs(Y[sel] - (fa * Q[sel] + fb)))) / max(abs(fa), 1e-300)
+            exact &= resid <= 1e-6 * max(float(np.max(np.abs(Q[sel]))), 1.0)
+            informative += 1
         scale_off = abs(fa - ka) > rtol * abs(ka)
         bias_off = abs(fb - kb) > rtol * (abs(ka) + abs(kb))
         if scale_off or bias_off:
-            which = "scale" if scale_off else "bias"
-            detail = (f"its scale {ka:.9g} and bias {kb:.9g}, the original's (fitted on its float64 outputs) "
+            which = which or ("scale" if scale_off else "bias")
+            detail = detail or (f"its scale {ka:.9g} and bias {kb:.9g}, the original's (fitted on its float64 outputs) "
                       f"{fa:.9g} and {fb:.9g} (scale off by {abs(fa - ka) / abs(ka):.3g} relative, bias by "
                       f"{abs(fb - kb) / abs(ka):.3g} step)" if ka != 0 else f"scale 0, the original's {fa:.9g}")
-            break
     if not detail:
         detail = "the tail's a·q + b does not match the original's float64 output beyond rounding"
     ops = ("Mul", "Div") if which == "scale" else ("Add", "Sub") if which == "bias" else ()
     named = [n for n in tail_nodes if n.op_type in ops] or list(tail_nodes)
     node = node_label(named[-1] if which == "bias" else named[0]) if named else None
-    return TailIssue(output, worst[1], node, worst[0], detail)
+    return TailIssue(output, worst[1], node, worst[0], detail, explains_levels=exact and informative > 0 and which is not None)

@@ -25,7 +25,7 @@ from finnlite.build import make_reference, streamline
 from finnlite.config import Config
 from finnlite.datatypes import DataType, is_integer_type
 from finnlite.errors import VerificationError
-from tests.zoo import zoo_model_path
+from tests.zoo import manifest, zoo_model_path
 from verify import final_check
 
 KINDS = ("threshold", "weight", "tail_scale", "tail_bias", "annotation_act", "annotation_weight", "out_dtype")
@@ -247,7 +247,8 @@ def _zoo(name: str) -> None:
     work = Model(path)
     report = streamline(work, verify="off", extras=False)
     assert report.ok
-    reference, _ = make_reference(original, Config(), samples=8)
+    lo, hi = manifest()[name]["input_range"]  # as a user gives --input-range (mobilenet's is not in the model)
+    reference, _ = make_reference(original, Config(), samples=8, input_range=(lo, hi))
     _check(name, original, work.to_proto(), reference)
 
 
