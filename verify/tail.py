@@ -128,4 +128,5 @@ def check_tail(output: str, q_name: str, runner: Any, tail_nodes: list[Any], sam
     ops = ("Mul", "Div") if which == "scale" else ("Add", "Sub") if which == "bias" else ()
     named = [n for n in tail_nodes if n.op_type in ops] or list(tail_nodes)
     node = node_label(named[-1] if which == "bias" else named[0]) if named else None
-    return TailIssue(output, worst[1], node, worst[0], detail, explains_levels=exact and informative > 0 and which is not None)
+    explains = exact and informative > 0 and which is not None
+    return TailIssue(output, worst[1], node, worst[0], detail, explains_levels=explains)

@@ -13,7 +13,7 @@ absent; the larger ones are marked slow); the code-built variant on a TFC-style 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -240,7 +240,7 @@ def test_mutants_of_a_code_built_mlp() -> None:
     _check("code-built TFC (2w2a)", original, work.to_proto(), reference)
 
 
-# -- the zoo variant ----------------------------------------------------------------------------------------------------
+# -- the zoo variant ---------------------------------------------------------------------------------------------------
 def _zoo(name: str) -> None:
     path = zoo_model_path(name)
     original = Model(path)
