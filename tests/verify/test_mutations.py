@@ -164,8 +164,9 @@ def mutate(kind: str, proto: onnx.ModelProto, variant: int = 0) -> set[str]:
         _set_init(proto, node.input[1], c * (1 + sign * 0.001) if kind == "tail_scale" else c + sign * 0.3 * scale)
         return {node.name, node.input[1], node.output[0], proto.graph.output[0].name}
     if kind == "annotation_act":
-        if variant % 2 == 0:  # an accumulator
-            node = _pick(layers, variant // 2)
+        if variant % 2 == 0:  # an integer accumulator
+            node = _pick([n for n in layers if is_integer_type(DataType[_dtype(proto, n.output[0]) or "FLOAT32"])],
+                         variant // 2)
             lo, hi = _acc_range(proto, node.output[0])
             _set_dtype(proto, node.output[0], _one_bit_short(lo, hi))
         else:  # a MultiThreshold's output
