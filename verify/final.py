@@ -177,7 +177,7 @@ class FinalCheck:
         # output dequantization explains outputs that differ
         for t in self.tail_issues:
             if t.explains_levels:
-                raise VerificationError(f"final check: {t.describe()}", node=t.node, tensor=t.output)
+                raise VerificationError(f"final check: {t.message}", node=t.node, tensor=t.output)
         for w in self.weight_issues:
             raise VerificationError(f"final check: the weights differ from the original layer '{w.layer}': "
                                     f"{w.message}", node=w.node, tensor=w.tensor)
@@ -199,7 +199,7 @@ class FinalCheck:
                     f"{o.error_samples[0]}; max deviation {o.max_error64:.6g} {o.unit}, compared {o.compared_as})"
                     f"{where}", node=d.node if d is not None else None, tensor=d.tensor if d is not None else o.name)
         for t in self.tail_issues:
-            raise VerificationError(f"final check: {t.describe()}", node=t.node, tensor=t.output)
+            raise VerificationError(f"final check: {t.message}", node=t.node, tensor=t.output)
 
 
 def integer_tail(model: Model, output: str) -> tuple[str, list[ir.Node]] | None:

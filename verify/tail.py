@@ -51,10 +51,13 @@ class TailIssue:
     #: (so the levels ``q`` are right, and the output differences come from the constants alone)
     explains_levels: bool = False
 
-    def describe(self) -> str:
-        where = f"node '{self.node}': " if self.node else ""
-        return (f"{where}the output dequantization of '{self.output}' differs from the original by up to "
+    @property
+    def message(self) -> str:
+        return (f"the output dequantization of '{self.output}' differs from the original by up to "
                 f"{self.max_steps:.3g} step(s) on sample {self.sample}: {self.detail}")
+
+    def describe(self) -> str:
+        return (f"node '{self.node}': " if self.node else "") + self.message
 
 
 def tail_affine(runner: Any, q_name: str, out: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
