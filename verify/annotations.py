@@ -250,8 +250,10 @@ def check_annotations(model: Any, reference: Any = None, *, samples: int | None 
         if dt is not None:
             claims.append((name, node, dt, "finn_datatype"))
         if node.op_type == "MultiThreshold" and node.outputs and node.outputs[0].name == name:
-            odt = _out_dtype(node)
-            if odt is not None:
+            odt, levels = _out_dtype(node), _mt_levels(node)
+            # with a non-integer out_scale or out_bias qonnx annotates the output FLOAT32 and out_dtype claims
+            # nothing about it (it names the levels' type before scaling)
+            if odt is not None and (levels is None or levels[2]):
                 claims.append((name, node, odt, "out_dtype"))
     for v in m.graph.inputs:
         dt = _int_datatype(m, v.name)
