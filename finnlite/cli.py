@@ -295,7 +295,7 @@ def _reference_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-range", nargs=2, type=_finite_float, metavar=("LO", "HI"),
                    help="range of the random reference inputs (default: the model's input quantizer range)")
     p.add_argument("--samples", type=_positive_int, metavar="N",
-                   help="number of random reference samples (default: 8, fewer for large inputs)")
+                   help="number of random reference samples (default: 8)")
     p.add_argument("--seed", type=int, help="seed of the random reference inputs (default 0)")
 
 

@@ -8,11 +8,13 @@ Typical use::
     hook = VerificationHook(ref)                                       # per-pass verification
     report = PassManager(stages, [hook]).run(model)                    # raises PassVerificationError on a bad pass
     print(final_check(ref, model).summary())                           # the streamlined model vs the original
+    # (outputs, and: datatype claims, output dequantization, thresholds and weights against the original's)
     print(float_report(model, report).text())                          # what is still float, and why
 
 Passes declare how they are checked with :func:`equality`, :func:`tolerance` or :func:`metric`.
 """
 
+from verify.annotations import AnnotationIssue, check_annotations
 from verify.bisect import BisectResult, bisect_pipeline
 from verify.compare import TensorDiff, compare_tensor, quant_step
 from verify.final import FinalCheck, OutputCheck, TieSite, final_check, integer_tail
@@ -24,7 +26,11 @@ from verify.reference import ReferenceData, ReferenceDataError
 from verify.run import VerifiedRun, verified_run
 from verify.structure import Issue, StructureReport, check_datatypes, check_structure
 from verify.ties import Margin, NearTie
+from verify.locate import Divergence, first_divergence
+from verify.proofs import ProofIssue, prove_thresholds
+from verify.tail import TailIssue, check_tail
 from verify.verifier import CheckOutcome, Verifier
+from verify.weights import WeightIssue, compare_weights
 
 __all__ = [
     "Policy", "Equality", "Tolerance", "Metric", "equality", "tolerance", "metric", "DEFAULT_POLICY", "resolve_policy",
@@ -37,4 +43,6 @@ __all__ = [
     "Issue", "StructureReport", "check_structure", "check_datatypes",
     "FloatNode", "FloatReport", "float_report",
     "VerifiedRun", "verified_run",
+    "AnnotationIssue", "check_annotations", "TailIssue", "check_tail", "ProofIssue", "prove_thresholds",
+    "WeightIssue", "compare_weights", "Divergence", "first_divergence",
 ]

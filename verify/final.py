@@ -37,10 +37,15 @@ from custom_ops.executor import Executor
 from finnlite.errors import VerificationError
 from finnlite.io import to_proto_without
 from finnlite.model import Model, as_model
+from verify.annotations import AnnotationIssue, check_annotations, derived_ranges
 from verify.compare import is_integer_tensor, quant_step
 from verify.reference import ReferenceData
 from verify.region import (as_constant, constant_tensors, descendants, handed_over, node_label, run_nodes,
                            subgraph_model, topo_order)
+from verify.locate import Divergence, first_divergence
+from verify.proofs import ProofIssue, proof_inputs, proof_samples, prove_thresholds
+from verify.tail import TailIssue, check_tail
+from verify.weights import WeightIssue, compare_weights
 from verify.ties import QUANTIZER_OPS, Margin, margin_at, near_elements
 
 log = logging.getLogger(__name__)
@@ -106,11 +111,24 @@ class FinalCheck:
     #: where the streamlined model's own float layers met a near-tie (margin measured on its float64 run)
     float_layer_sites: list[TieSite] = field(default_factory=list)
     float64_error: str | None = None
+    #: false integer datatype claims (:mod:`verify.annotations`)
+    annotation_issues: list[AnnotationIssue] = field(default_factory=list)
+    #: output dequantizations whose scale or bias differ from the original's (:mod:`verify.tail`)
+    tail_issues: list[TailIssue] = field(default_factory=list)
+    #: where a failing output's divergence starts (:mod:`verify.locate`), when it can be told
+    divergence: Divergence | None = None
+    #: MultiThresholds (or their accumulators) proved different from the original's quantizers (:mod:`verify.proofs`)
+    proof_issues: list[ProofIssue] = field(default_factory=list)
+    #: streamlined weights that are not the original's up to a scale per output channel (:mod:`verify.weights`)
+    weight_issues: list[WeightIssue] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """True if every output agrees with float64 execution of the original on every sample."""
-        return self.float64_error is None and all(o.ok for o in self.outputs)
+        """True if every output agrees with float64 execution of the original on every sample, the output
+        dequantization equals the original's, every datatype annotation holds and no threshold or weight matched
+        to the original's differs from it."""
+        return (self.float64_error is None and all(o.ok for o in self.outputs) and not self.annotation_issues
+                and not self.tail_issues and not self.proof_issues and not self.weight_issues)
 
     @property
     def near_tie_samples(self) -> list[int]:
@@ -140,18 +158,49 @@ class FinalCheck:
             lines.append(f"  near-tie {site.describe()}")
         for site in self.float_layer_sites:
             lines.append(f"  near-tie of the streamlined model's float layer, {site.describe()}")
+        if self.divergence is not None:
+            lines.append(f"  {self.divergence.describe()}")
+        for issue in self.tail_issues:
+            lines.append(f"  tail: {issue.describe()}")
+        for p in self.proof_issues:
+            lines.append(f"  threshold proof: {p.describe()}")
+        for w in self.weight_issues:
+            lines.append(f"  weights: {w.describe()}")
+        for a in self.annotation_issues:
+            lines.append(f"  false annotation: {a.describe()}")
         return "\n".join(lines)
 
     def raise_for_errors(self) -> None:
         """Raise :class:`VerificationError` if some output disagrees with float64 execution of the original."""
         if self.float64_error is not None:
             raise VerificationError(f"final check: cannot run the original in float64 ({self.float64_error})")
+        # the most precise first: a weight comparison, a proof or a false claim names the fault itself, and a wrong
+        # output dequantization explains outputs that differ
+        for t in self.tail_issues:
+            if t.explains_levels:
+                raise VerificationError(f"final check: {t.message}", node=t.node, tensor=t.output)
+        for w in self.weight_issues:
+            raise VerificationError(f"final check: the weights differ from the original layer '{w.layer}': "
+                                    f"{w.message}", node=w.node, tensor=w.tensor)
+        for p in self.proof_issues:
+            raise VerificationError(f"final check: against the original quantizer '{p.quantizer}': {p.message}",
+                                    node=p.node, tensor=p.tensor)
+        for a in self.annotation_issues:
+            more = f" (and {len(self.annotation_issues) - 1} more false annotation(s))" \
+                if len(self.annotation_issues) > 1 else ""
+            raise VerificationError(f"final check: {a.source} {a.claim} is false: {a.message}{more}", node=a.node,
+                                    tensor=a.tensor)
         for o in self.outputs:
             if o.error_samples:
+                d = self.divergence
+                where = f"; {d.describe()}" if d is not None else ""
                 raise VerificationError(
                     f"final check: the streamlined model differs from float64 execution of the original on "
-                    f"{len(o.error_samples)} of {o.samples} samples (first: sample {o.error_samples[0]}; max "
-                    f"deviation {o.max_error64:.6g} {o.unit}, compared {o.compared_as})", tensor=o.name)
+                    f"{len(o.error_samples)} of {o.samples} samples in output '{o.name}' (first: sample "
+                    f"{o.error_samples[0]}; max deviation {o.max_error64:.6g} {o.unit}, compared {o.compared_as})"
+                    f"{where}", node=d.node if d is not None else None, tensor=d.tensor if d is not None else o.name)
+        for t in self.tail_issues:
+            raise VerificationError(f"final check: {t.message}", node=t.node, tensor=t.output)
 
 
 def integer_tail(model: Model, output: str) -> tuple[str, list[ir.Node]] | None:
@@ -305,7 +354,8 @@ class _LazyFloat64:
 
 
 def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-5, explain: int = 4,
-                float64: str = "all") -> FinalCheck:
+                float64: str = "all", annotations: bool = True, tail_samples: int = 2,
+                locate: bool = True, proofs: bool = True) -> FinalCheck:
     """Compare ``model`` (the streamlined model, run in float32) with the original model of ``reference`` run in
     float32 and in float64, on every reference sample (module docstring). ``explain``: for how many near-tie
     samples to find the quantizer where float32 and float64 execution of the original part.
@@ -314,7 +364,15 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     only on the samples where the streamlined model disagrees with the original's float32 execution — a sample
     that agrees with float32 is then taken to agree with float64 too (the two executions of the original differ
     only at float32 near-ties, where the streamlined model follows float64). The faster mode is what the CLI and
-    the build step use; it never accepts a sample that disagrees with both."""
+    the build step use; it never accepts a sample that disagrees with both.
+
+    Further checks (each a failure of its own): ``annotations``: every integer datatype claim of ``model`` against
+    the values seen on the samples and the ranges derived from the graph (:mod:`verify.annotations`);
+    ``tail_samples``: on that many samples whose levels agree (the original then runs in float64 on them), the
+    output dequantization's scale and bias as numbers (:mod:`verify.tail`); ``locate``: after a failure, the first
+    intermediate tensor that diverges (:mod:`verify.locate`); ``proofs``: every MultiThreshold matched to a quantizer
+    of the original, on every integer input of its range (:mod:`verify.proofs`), and every weight matched to an
+    original layer, element by element (:mod:`verify.weights`)."""
     if float64 not in ("all", "mismatch"):
         raise ValueError(f"float64 must be 'all' or 'mismatch', not {float64!r}")
     m = as_model(model)
@@ -324,14 +382,35 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     tails = {o: integer_tail(m, o) for o in m.output_names}
     extra = [t[0] for t in tails.values() if t is not None]
     # the streamlined model first, its executor dropped before the original's are built: never both in memory
-    got = _executor(m, extra).run(reference.inputs)
+    if proofs:
+        result.weight_issues = compare_weights(m, reference.original())
+    executor = _executor(m, extra)
+    keep = proof_inputs(m, reference) if proofs else set()
+    kept: dict[int, dict[str, np.ndarray]] = {i: {} for i in range(min(n, proof_samples(reference)))}
+    ranges = derived_ranges(m) if annotations or keep else None
+    if annotations or keep:  # a sample at a time, every tensor
+        issues = check_annotations(m, reference, executor=executor, kept=kept, keep=keep, derived=ranges)
+        result.annotation_issues = issues if annotations else []
+    outputs64: dict[int, dict[str, np.ndarray]] = {}  # the original's, from the proofs' float64 runs
+    if keep and kept:
+        try:
+            result.proof_issues = prove_thresholds(m, reference, [kept[i] for i in sorted(kept)], sorted(kept),
+                                                   ranges=ranges, outputs64=outputs64)
+        except Exception as exc:  # noqa: BLE001 - a proof that cannot run proves nothing; the other checks stand
+            log.warning("could not compare the thresholds with the original quantizers: %s", exc)
+        kept.clear()
+    got = executor.run(reference.inputs)
+    del executor
     ref32 = reference.outputs(np.float32)
     lazy64 = _LazyFloat64(reference, b0) if float64 == "mismatch" else None
+    if lazy64 is not None:
+        lazy64.cache.update(outputs64)
     try:
         ref64 = reference.outputs(np.float64) if lazy64 is None else None
     except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
         result.float64_error = f"{type(exc).__name__}: {exc}"
         ref64 = None
+    ref64_all = ref64
     slices = [{k: _slice(v, i, b0) for k, v in got.items()} for i in range(n)]
     runners: dict[str, Any] = {}
     in64: Any = None
@@ -403,6 +482,37 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
             elif not ok32 and i not in check.float_layer_ties:
                 check.near_tie_samples.append(i)
         result.outputs.append(check)
+        if tail is not None and out in runners and tail_samples > 0 and result.float64_error is None:
+            # samples whose levels agree, and those that do not: if the original's output is exactly affine in the
+            # streamlined levels there too, the levels are right and the dequantization's constants are not
+            wrong = set(check.error_samples)
+            chosen = [i for i in range(n) if i not in wrong and i not in check.float_layer_ties][:tail_samples]
+            chosen += [i for i in check.error_samples][:8]
+            triples = []
+            try:
+                for i in chosen:
+                    y64 = lazy64.sample(i)[out] if lazy64 is not None else _slice(ref64_all[out], i, b0)
+                    triples.append((i, slices[i][tail[0]], y64))
+            except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
+                result.float64_error = f"{type(exc).__name__}: {exc}"
+            issue = check_tail(out, tail[0], runners[out], tail[1], triples)
+            # where the levels differ and the constants do not explain it, the levels are wrong: the output's
+            # error (and the first diverging tensor) says so, not the tail
+            if issue is not None and (issue.explains_levels or not check.error_samples):
+                result.tail_issues.append(issue)
+    failing = sorted({s for o in result.outputs for s in o.error_samples})
+    if locate and failing:
+        others = [i for i in range(n) if i != failing[0]][:3]
+        try:
+            result.divergence = first_divergence(m, reference, [failing[0]] + others)
+        except Exception as exc:  # noqa: BLE001 - a location is a bonus, the failure stands
+            log.warning("could not locate the first diverging tensor: %s", exc)
+        bad_tail = next((tails[o.name] for o in result.outputs if o.error_samples and tails.get(o.name)), None)
+        if result.divergence is None and bad_tail is not None:  # nothing shared diverges before the output's q
+            producer = m.find_producer(bad_tail[0])
+            result.divergence = Divergence(bad_tail[0], node_label(producer) if producer is not None else None,
+                                           "the output's integer tensor; no tensor shared with the original "
+                                           "diverges before it")
     for i in result.near_tie_samples[:explain]:
         try:
             site = _tie_site(reference, i)

@@ -1,0 +1,130 @@
+"""The final check's checks beyond the outputs' levels, on graphs built in code: datatype claims, the output
+dequantization's constants, the first diverging tensor, and the default reference data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from finnlite import VerificationError
+from finnlite.build import default_samples, make_reference
+from finnlite.config import Config
+from tests.verify.graphs import GraphBuilder, matmul_bias_relu
+from verify import ReferenceData, final_check
+from verify.annotations import check_annotations
+from verify.tail import check_tail
+
+
+def _mlp(acc: str = "INT6", weight: str = "INT2", out_dtype: str = "UINT2", w: np.ndarray | None = None):
+    """x (INT3, 4 values) -> MatMul(W) -> acc -> MultiThreshold (3 thresholds) -> y."""
+    g = GraphBuilder()
+    g.input("x", [1, 4], datatype="INT3")
+    g.init("W", w if w is not None else np.array([[1, -1, 0], [-2, 1, 1], [0, 1, -1], [1, 0, 1]], np.float32))
+    g.datatypes["W"] = weight
+    g.node("MatMul", ["x", "W"], ["acc"], "mm", datatype=acc)
+    g.multithreshold("acc", "y", "mt", np.array([[-2.0, 0.0, 3.0]] * 3, np.float32), out_dtype)
+    g.output("y", [1, 3])
+    return g.model()
+
+
+def test_true_annotations_pass() -> None:
+    model = _mlp()
+    assert check_annotations(model, ReferenceData.random(model, n=4, low=-4, high=3)) == []
+
+
+@pytest.mark.parametrize("change, tensor, node, words", [
+    ({"acc": "INT4"}, "acc", "mm", "derived range"),  # |acc| can reach 16 (4 inputs of -4 times weights)
+    ({"weight": "BIPOLAR"}, "W", None, "outside [-1, 1]"),
+    ({"weight": "INT2", "w": np.array([[1, -1, 0], [-1, 1, 1], [0, 1, -1], [1, 0, 1]], np.float32) + 0.5}, "W",
+     None, "non-integer"),
+    ({"out_dtype": "BIPOLAR"}, "y", "mt", "BIPOLAR is false: its levels hold values in [0, 3]"),
+    ({"w": np.array([[1, -1, 0], [-2, 1, 1], [0, 1, -1], [1, 0, 5]], np.float32)}, "W", None, "outside [-2, 1]"),
+])
+def test_false_annotations_are_named(change: dict, tensor: str, node: str | None, words: str) -> None:
+    model = _mlp(**change)
+    issues = check_annotations(model, ReferenceData.random(model, n=4, low=-4, high=3))
+    assert issues and issues[0].tensor == tensor and issues[0].node == node
+    assert words in issues[0].describe()
+    ref = ReferenceData.random(_mlp(), n=4, low=-4, high=3)
+    result = final_check(ref, model)
+    assert not result.ok
+    with pytest.raises(VerificationError) as info:
+        result.raise_for_errors()
+    assert info.value.tensor == tensor
+
+
+def test_a_claim_no_range_derives_is_checked_on_the_values_seen() -> None:
+    g = GraphBuilder()
+    g.input("x", [1, 4], datatype="INT3")
+    g.init("c", np.float32(5.0))
+    g.node("Add", ["x", "c"], ["y"], "shift", datatype="UINT2")  # values 1..8: not UINT2
+    g.output("y", [1, 4])
+    model = g.model()
+    (issue,) = check_annotations(model, ReferenceData.random(model, n=4, low=-4, high=3))
+    assert issue.tensor == "y" and issue.node == "shift" and "reference data show" in issue.message
+
+
+def _tail_net(scale: float = 0.3, bias: float = -0.7):
+    g = GraphBuilder()
+    g.input("x", [1, 8])
+    g.multithreshold("x", "q", "mt0", np.linspace(-1, 1, 7, dtype=np.float32)[None, :], "UINT3")
+    g.init("s", np.float32(scale)), g.init("b", np.float32(bias))
+    g.node("Mul", ["q", "s"], ["m"], "mul_out")
+    g.node("Add", ["m", "b"], ["out"], "add_out")
+    g.output("out", [1, 8])
+    return g.model()
+
+
+@pytest.mark.parametrize("scale, bias, node", [(0.3 * 1.001, -0.7, "mul_out"), (0.3, -0.7 + 0.3 * 0.3, "add_out"),
+                                               (0.3, -0.7 - 0.45 * 0.3, "add_out")])
+def test_tail_constants_are_compared_as_numbers(scale: float, bias: float, node: str) -> None:
+    ref = ReferenceData.random(_tail_net(), n=4)
+    result = final_check(ref, _tail_net(scale, bias))
+    assert all(o.ok for o in result.outputs)  # within half a step: the levels agree
+    assert not result.ok and result.tail_issues[0].node == node
+    with pytest.raises(VerificationError, match="output dequantization"):
+        result.raise_for_errors()
+    assert final_check(ref, _tail_net()).ok
+
+
+def test_check_tail_accepts_float32_copies_of_the_constants() -> None:
+    from custom_ops.executor import Executor
+    from verify.final import _tail_runner, integer_tail
+
+    model = _tail_net(float(np.float32(1 / 3)), float(np.float32(-2 / 3)))
+    q, nodes = integer_tail(model, "out")
+    levels = np.arange(8, dtype=np.float64)[None, :]
+    runner = _tail_runner(model, q, nodes, levels)
+    exact = levels / 3 - 2 / 3  # the real numbers the float32 constants stand for
+    assert isinstance(runner, Executor)
+    assert check_tail("out", q, runner, nodes, [(0, levels, exact)]) is None
+    issue = check_tail("out", q, runner, nodes, [(0, levels, exact * 1.00001)])
+    assert issue is not None and issue.node == "mul_out"
+
+
+def _two_layers(t0: list[float]):
+    g = GraphBuilder()
+    g.input("x", [1, 2, 4, 4])
+    g.multithreshold("x", "q", "mt0", np.array([t0], np.float32), "UINT3")
+    g.multithreshold("q", "r", "mt1", np.array([[1.0, 3.0, 6.0]], np.float32), "UINT2")
+    g.output("r", [1, 2, 4, 4])
+    return g.model()
+
+
+def test_a_failure_names_the_first_diverging_tensor() -> None:
+    good = [-0.75, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75]
+    bad = [-0.75, -0.5, -0.25, 0.0, 0.25, 0.4, 0.75]  # level 6 starts earlier: q diverges, then r
+    ref = ReferenceData.random(_two_layers(good), n=4)
+    result = final_check(ref, _two_layers(bad))
+    assert not result.ok and result.divergence is not None
+    assert result.divergence.tensor == "q" and result.divergence.node == "mt0"
+    with pytest.raises(VerificationError) as info:
+        result.raise_for_errors()
+    assert info.value.node == "mt0" and info.value.tensor == "q" and "first diverging tensor" in str(info.value)
+
+
+def test_eight_samples_and_a_stated_guess_of_the_input_range() -> None:
+    model = matmul_bias_relu()
+    assert default_samples(model) == 8
+    _, described = make_reference(model, Config())
+    assert "8 random samples" in described and "--input-range" in described and "is a guess" in described

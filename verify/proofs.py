@@ -1,0 +1,301 @@
+"""Proofs over finite domains: a streamlined MultiThreshold against the original quantizer it replaces.
+
+A fault that changes one threshold by one, or one weight element, shows on a handful of random inputs only when
+one of them lands on that very integer; random testing misses it. Where the final check can match a MultiThreshold
+``y = MT(a)`` of the streamlined model to a quantizer ``y = Q(z)`` of the original (the same output tensor name:
+conversion keeps a quantizer's output name) and ``a`` is an integer tensor of known range ``[lo, hi]`` (its
+datatype annotation, or the range derived from the graph: :func:`verify.annotations.derived_ranges`), it checks:
+
+1. **The accumulator is the original's, per channel.** In a correct model ``z = A_c·a + B_c`` exactly (the
+   original's weights, scales and BatchNorm are an affine map per channel of the integer accumulator). ``A_c``,
+   ``B_c`` are fitted by least squares on the reference samples (``a`` from the streamlined model, ``z`` from the
+   original run in float64) and every residual must be below :data:`RESIDUAL` of an accumulator step. A changed
+   weight element changes ``a`` by ``δ·x_k`` where the input ``x_k`` is not 0: a residual of about a step (seen
+   whenever a channel's accumulator takes three or more values on the samples).
+2. **The thresholds are the original's, on every integer input.** With ``A_c``, ``B_c``, the original quantizer
+   (its own kernel, in float64) and the streamlined thresholds ``#{k : a ≥ T[c, k]}`` are two monotone step
+   functions of the integer ``a``; they are equal on ``[lo, hi]`` up to the naming of their levels exactly when
+   they change by the same number of levels at every integer, which :func:`_prove` checks at the streamlined
+   jumps ``ceil(T[c, k])`` and over the whole range (for integer inputs, threshold vectors are equivalent iff their
+   ``ceil``, clipped to the range, agree). Points where ``A_c·a + B_c`` lies within :data:`TIE_RTOL` of a rounding
+   boundary (the fitted map is exact only to ~1e-12) are left out: a tie is not a proof either way. A threshold
+   off by one changes the jump at one integer, whatever the samples.
+
+A MultiThreshold is matched to the original quantizer that produces its output tensor, else to the quantizer its
+name comes from (conversion names it ``<quantizer>_MultiThreshold``); a Relu right before the quantizer is part
+of the original's function (``z`` is then the Relu's input). Unmatched MultiThresholds are not proved (the random
+comparison stands alone). The comparison costs ``O(C·N)`` quantizer evaluations, not one per integer (see
+:func:`_prove`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from finnlite.model import Model
+from finnlite.shapes import const_array
+from verify.annotations import derived_ranges
+from verify.compare import is_integer_tensor
+from verify.region import node_label
+
+__all__ = ["ProofIssue", "prove_thresholds", "proof_inputs", "proof_samples", "RESIDUAL", "TIE_RTOL"]
+
+RESIDUAL = 1e-3
+#: the same against the original's float32 execution (its rounding: ~1e-3 of a step on mobilenet_v1_4b)
+RESIDUAL32 = 0.05
+TIE_RTOL = 1e-9
+_QUANTIZERS = ("Quant", "BipolarQuant")
+
+
+@dataclass
+class ProofIssue:
+    """A MultiThreshold (or the accumulator feeding it) that is not the original quantizer's, with the evidence."""
+
+    node: str
+    tensor: str
+    quantizer: str
+    message: str
+
+    def describe(self) -> str:
+        return f"node '{self.node}', tensor '{self.tensor}' (original quantizer '{self.quantizer}'): {self.message}"
+
+
+@dataclass
+class _Match:
+    mt: Any
+    q: Any
+    a: str  # the streamlined MultiThreshold's input
+    z: str  # the original quantizer's input (before a Relu in front of it)
+    nhwc: bool
+    relu: bool = False
+
+
+def _matches(model: Model, original: Model) -> list[_Match]:
+    found = []
+    for node in model.graph:
+        if node.op_type != "MultiThreshold" or not node.inputs or node.inputs[0] is None:
+            continue
+        a = node.inputs[0].name
+        if not is_integer_tensor(model, a) or model.is_initializer(a):
+            continue
+        q = original.find_producer(node.outputs[0].name)
+        if (q is None or q.op_type not in _QUANTIZERS) and node.name.endswith("_MultiThreshold"):
+            q = original.get_node_from_name(node.name[:-len("_MultiThreshold")])
+        if q is None or q.op_type not in _QUANTIZERS or q.inputs[0] is None:
+            continue
+        z, relu = q.inputs[0].name, False
+        before = original.find_producer(z)
+        if before is not None and before.op_type == "Relu" and before.inputs and before.inputs[0] is not None:
+            z, relu = before.inputs[0].name, True
+        layout = model.get_tensor_layout(a)
+        found.append(_Match(node, q, a, z, bool(layout) and len(layout) == 4 and layout[-1] == "C", relu))
+    return found
+
+
+#: inputs of this many values or more per sample (an ImageNet image: 150k) are proved on :data:`FEW_SAMPLES`
+#: samples: every channel of a convolution meets hundreds of positions per sample, and the original's float64
+#: tensors cost a full run per sample (MobileNet-v1: 8 samples took 20 s more than 2)
+LARGE_INPUT = 16384
+FEW_SAMPLES = 2
+
+
+def proof_samples(reference: Any) -> int:
+    """On how many samples of ``reference`` to fit the accumulators' maps (see :data:`LARGE_INPUT`)."""
+    size = sum(int(a.size) for a in reference.sample(0).values())
+    return reference.num_samples if size < LARGE_INPUT else min(FEW_SAMPLES, reference.num_samples)
+
+
+def proof_inputs(model: Model, reference: Any) -> set[str]:
+    """The streamlined tensors :func:`prove_thresholds` needs on every sample (the matched MultiThresholds' inputs)."""
+    return {mt.a for mt in _matches(model, reference.original())}
+
+
+def _channels_first(arr: np.ndarray, nhwc: bool) -> np.ndarray:
+    """``[samples, C, rest]`` from ``[samples, N, ...]`` (channel axis 1 of each sample, or last if NHWC)."""
+    chan = arr.ndim - 1 if nhwc else 2
+    moved = np.moveaxis(arr, chan, 1)
+    return moved.reshape(moved.shape[0], moved.shape[1], -1)
+
+
+def _quantize(q: Any, original: Model, x: np.ndarray) -> np.ndarray | None:
+    """The original quantizer ``q`` on ``x`` (``[levels, C, 1, ...]``), in float64; None if its parameters do not
+    broadcast so (then nothing is proved)."""
+    from custom_ops.registry import make_op
+
+    params = [const_array(v) if v is not None else None for v in q.inputs[1:]]
+    if any(p is None for p in params):
+        return None
+    try:
+        return np.asarray(make_op(q).execute([x] + [np.asarray(p, np.float64) for p in params])[0], np.float64)
+    except Exception:  # noqa: BLE001 - a parameter layout this proof does not handle: nothing proved
+        return None
+
+
+def _fits(a3: np.ndarray, z3: np.ndarray) -> list[tuple[float, float, float] | None]:
+    """Per channel of ``[samples, C, rest]`` arrays: ``(A, B, worst residual in steps of A)`` of the least-squares
+    ``z ≈ A·a + B``; None for a channel where ``a`` takes one value only."""
+    a = np.moveaxis(a3, 1, 0).reshape(a3.shape[1], -1)
+    z = np.moveaxis(z3, 1, 0).reshape(z3.shape[1], -1)
+    ac, zc = a - a.mean(1, keepdims=True), z - z.mean(1, keepdims=True)
+    big = np.sum(ac * ac, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slope = np.sum(ac * zc, axis=1) / big
+        bias = z.mean(1) - slope * a.mean(1)
+        resid = np.max(np.abs(z - (slope[:, None] * a + bias[:, None])), axis=1) / np.abs(slope)
+    return [(float(slope[c]), float(bias[c]), float(resid[c])) if big[c] > 0 and slope[c] != 0 else None
+            for c in range(a.shape[0])]
+
+
+def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray | dict],
+                     sample_ids: Sequence[int], *, ranges: dict[str, tuple[float, float, bool, bool]] | None = None,
+                     outputs64: dict[int, dict[str, np.ndarray]] | None = None) -> list[ProofIssue]:
+    """Check every matched MultiThreshold of ``model`` (module docstring). ``samples``: the streamlined model's
+    tensors on the reference samples ``sample_ids`` (dicts holding at least the MultiThreshold inputs).
+    ``ranges``: the model's :func:`~verify.annotations.derived_ranges` if the caller has them; ``outputs64``
+    receives the original's float64 outputs on the samples it ran (for the caller's other checks).
+
+    The original's map is fitted on its float32 execution (fast) and, where that disagrees, on its float64 one,
+    and a fault is reported only when both disagree. The two executions of the original can part by more than
+    rounding: on mobilenet_v1_4b (channel 711 of ``node__symbolic_53``'s input) they differ by a constant 2
+    accumulator steps, and the streamlined thresholds follow the float32 one, as qonnx's execution does."""
+    original = reference.original()
+    matches = _matches(model, original)
+    if not matches:
+        return []
+    ranges = ranges if ranges is not None else derived_ranges(model)
+    issues: list[ProofIssue] = []
+    wanted = {mt.z for mt in matches}
+    outs = set(original.output_names)
+    values: dict[str, list[dict[str, np.ndarray]]] = {}
+
+    def original_values(dtype: str) -> list[dict[str, np.ndarray]]:
+        """The original's quantizer inputs on the samples (only those are kept of its tensors), computed once."""
+        if dtype not in values:
+            values[dtype] = []
+            for i in sample_ids:
+                every = reference.take_values(i, np.dtype(dtype))
+                values[dtype].append({z: np.asarray(every[z], np.float64) for z in wanted if z in every})
+                if outputs64 is not None and dtype == "float64" and all(o in every for o in outs):
+                    outputs64[i] = {o: np.asarray(every[o]) for o in outs}
+                del every
+        return values[dtype]
+
+    for mt in matches:
+        if any(mt.a not in s for s in samples) or any(mt.z not in v for v in original_values("float32")):
+            continue
+        a = np.stack([np.asarray(s[mt.a], np.float64) for s in samples])
+        z, nhwc = np.stack([v[mt.z] for v in original_values("float32")]), mt.nhwc
+        if z.ndim == 5 and (nhwc or (a.shape != z.shape and np.moveaxis(z, 2, 4).shape == a.shape)):
+            nhwc = True  # the streamlined tensor is NHWC (annotated, or seen by its shape)
+
+        def original_z(dtype: str, mt: _Match = mt, nhwc: bool = nhwc) -> np.ndarray:
+            z = np.stack([v[mt.z] for v in original_values(dtype)])
+            return _channels_first(np.moveaxis(z, 2, 4) if nhwc and z.ndim == 5 else z, nhwc)
+
+        if nhwc and z.ndim == 5:
+            z = np.moveaxis(z, 2, 4)
+        if a.shape != z.shape or a.ndim < 3:
+            continue
+        a3 = _channels_first(a, nhwc)
+        thr = const_array(mt.mt.inputs[1])
+        if thr is None or thr.ndim != 2 or thr.shape[0] not in (1, a3.shape[1]):
+            continue
+        label, qlabel = node_label(mt.mt), node_label(mt.q)
+        lohi = ranges.get(mt.a)
+        if lohi is None:
+            dt = model.get_tensor_datatype(mt.a)
+            lohi = (float(dt.min()), float(dt.max()), True, True)
+        lo, hi = float(np.ceil(lohi[0])), float(np.floor(lohi[1]))
+        # float32 first (onnxruntime: fast); float64 (numpy convolutions: slow) only where float32 disagrees
+        fit32 = _fits(a3, original_z("float32"))
+        fit64: list[tuple[float, float, float] | None] = []
+        bad = [c for c, f in enumerate(fit32) if f is not None and f[2] > RESIDUAL32]
+        if bad:
+            fit64 = _fits(a3, original_z("float64"))
+            bad = [c for c in bad if fit64[c] is not None and fit64[c][2] > RESIDUAL]
+        if bad:
+            c = bad[0]
+            producer = model.find_producer(mt.a)
+            issues.append(ProofIssue(node_label(producer) if producer is not None else label, mt.a, qlabel,
+                                     f"channel {c} of the accumulator is not an affine function of the original's "
+                                     f"'{mt.z}' (residual {fit64[c][2]:.3g} accumulator steps on the reference data, "
+                                     f"{fit32[c][2]:.3g} against its float32 execution): its weights differ from "
+                                     "the original's"))
+            continue
+        if lo > hi:
+            continue
+        wrong32 = _prove(mt, original, thr, fit32, lo, hi, a.ndim - 2)
+        if wrong32 and not fit64:
+            fit64 = _fits(a3, original_z("float64"))
+        wrong64 = _prove(mt, original, thr, fit64, lo, hi, a.ndim - 2) if wrong32 else {}
+        both = sorted(set(wrong64) & set(wrong32))
+        if both:
+            issues.append(ProofIssue(label, mt.mt.inputs[1].name, qlabel, wrong64[both[0]]))
+    return issues
+
+
+def _step(q: Any, channels: int, rest: int) -> np.ndarray | None:
+    """Per channel, the original quantizer's output step (``|s|``; ``2|s|`` for BipolarQuant)."""
+    scale = const_array(q.inputs[1]) if len(q.inputs) > 1 else None
+    if scale is None:
+        return None
+    try:
+        per = np.broadcast_to(np.abs(np.asarray(scale, np.float64)), (1, channels) + (1,) * (rest - 1))
+    except ValueError:
+        return None
+    step = per.reshape(channels) * (2.0 if q.op_type == "BipolarQuant" else 1.0)
+    return step if np.all(step > 0) else None
+
+
+def _prove(mt: _Match, original: Model, thr: np.ndarray, fits: list[tuple[float, float, float] | None],
+           lo: float, hi: float, rest: int) -> dict[int, str]:
+    """Step 2 of the module docstring for one matched pair, every channel with a fitted map. Both functions are
+    monotone step functions of the integer input ``a`` in ``[lo, hi]``; they are equal up to the naming of their
+    levels iff they jump by the same number of levels at every integer. The streamlined one jumps only at
+    ``ceil(T[c, k])``: so the original's jump is compared there (between ``t − 1`` and ``t``), and its total jump
+    over ``[lo, hi]`` with the streamlined total (then it cannot jump anywhere else). Each comparison evaluates the
+    original quantizer at two points: ``O(C·N)`` evaluations, not one per integer of the range. Returns the
+    channels that differ, with what shows it (empty if none, or if the quantizer's layout is not handled)."""
+    channels = len(fits)
+    step = _step(mt.q, channels, rest)
+    if step is None:
+        return {}
+    n = thr.shape[1]
+    t = np.broadcast_to(thr.astype(np.float64), (channels, n))
+    jump_at = np.clip(np.ceil(t), lo, hi + 1)  # where each threshold switches on, within the range
+    points = np.clip(np.concatenate([jump_at, jump_at - 1, np.full((channels, 1), lo), np.full((channels, 1), hi)],
+                                    axis=1), lo, hi)  # [C, M]
+    slope = np.array([f[0] if f else 1.0 for f in fits])
+    bias = np.array([f[1] if f else 0.0 for f in fits])
+    x = points * slope[:, None] + bias[:, None]
+    if mt.relu:
+        x = np.maximum(x, 0.0)
+    residual = np.array([f[2] if f else 0.0 for f in fits])  # in accumulator steps: the fit's own uncertainty
+    eps = TIE_RTOL * np.maximum(np.abs(x), 1.0) + (4 * residual * np.abs(slope))[:, None]
+    shape = (points.shape[1], channels) + (1,) * (rest - 1)
+    outs = [_quantize(mt.q, original, (x + d * eps).T.reshape(shape)) for d in (0.0, -1.0, 1.0)]
+    if any(o is None for o in outs):
+        return {}
+    q0, qm, qp = (o.reshape(points.shape[1], channels).T for o in outs)  # type: ignore[union-attr]
+    tie = (qm != q0) | (qp != q0)
+    count = (points[:, :, None] >= t[:, None, :]).sum(axis=2)  # the streamlined level index at each point
+    # (point, point before it) for every threshold inside the range, and (lo, hi)
+    first = np.concatenate([np.arange(n), [2 * n]])
+    second = np.concatenate([np.arange(n) + n, [2 * n + 1]])
+    inside = np.concatenate([(jump_at > lo) & (jump_at <= hi), np.ones((channels, 1), bool)], axis=1)
+    ours = np.abs(count[:, first] - count[:, second])
+    theirs = np.rint(np.abs(q0[:, first] - q0[:, second]) / step[:, None]).astype(np.int64)
+    fitted = np.array([f is not None for f in fits])[:, None]
+    bad = inside & fitted & ~tie[:, first] & ~tie[:, second] & (ours != theirs)
+    wrong: dict[int, str] = {}
+    for c, k in zip(*np.nonzero(bad)):
+        if int(c) in wrong:
+            continue
+        a0, a1 = sorted((points[c, second[k]], points[c, first[k]]))
+        wrong[int(c)] = (f"channel {c}: from integer input {a0:g} to {a1:g} the thresholds change the level by "
+                         f"{ours[c, k]}, the original quantizer by {theirs[c, k]} (the real thresholds of its levels "
+                         f"differ from these: checked on every integer in [{lo:g}, {hi:g}])")
+    return wrong

@@ -1,0 +1,135 @@
+"""The output dequantization as numbers: the streamlined tail's scale and bias against the original's.
+
+A streamlined model ends with an integer tensor ``q`` and an affine tail (constant Mul/Div/Add/Sub and shape ops,
+:func:`verify.final.integer_tail`): element by element, ``y = a·q + b``. Comparing levels (within half a step)
+lets a scale off by a few per cent or a bias off by 0.45 step through. The original computes the same real
+number: its float64 execution is exact up to ~1e-15 relative from its float32 parameters, and the streamlined
+tail's constants are float32 roundings of products of those parameters (about 6e-8 relative each). So, on samples
+whose levels agree, the original's float64 output must equal ``a·q + b`` within
+
+    ``rtol · (|a|·|q| + |a| + |b|)``, ``rtol`` = :data:`TAIL_RTOL` (1e-6),
+
+that is, ``a`` to 1e-6 relative and ``b`` to 1e-6 of the scale (or of itself, for a bias many steps large).
+
+The original's scale and bias are not read off its last quantizer: a BNN-PYNQ network has no output quantizer (its
+tail is the last layer's weight scale, TensorNorm and the xnor encoding ``2·p − K``), and a Quant's ``s·(q − z)``
+would have to be composed with everything after it. The original itself, run in float64 on the same samples, gives
+them as numbers instead: ``a`` and ``b`` are fitted by least squares over the elements that share the streamlined
+tail's ``(a, b)`` (all of them for a per-tensor tail), which names the wrong constant when they differ. This needs
+``q`` to take two values across those elements; the element-wise comparison above needs nothing.
+
+A wrong scale can also move the output by more than half a step, so that the levels seem to differ. The samples
+where they do are compared too: if the original's output is exactly affine in the streamlined ``q`` there (every
+group with three or more distinct levels fits a line to 1e-6 of a step), ``q`` is right and the constants are
+wrong (:attr:`TailIssue.explains_levels`), and that is what the final check reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["TailIssue", "check_tail", "TAIL_RTOL"]
+
+#: relative tolerance on the tail's scale (and on its bias, relative to the scale or to the bias itself)
+TAIL_RTOL = 1e-6
+
+
+@dataclass
+class TailIssue:
+    """The tail of output ``output`` disagrees with the original: on ``sample``, by ``max_steps`` steps at most;
+    ``node`` is the tail node holding the constant that is off (the scale's or the bias'), ``detail`` the numbers."""
+
+    output: str
+    sample: int
+    node: str | None
+    max_steps: float
+    detail: str
+    #: the original's output is exactly ``a'·q + b'`` with other constants on samples with three or more levels
+    #: (so the levels ``q`` are right, and the output differences come from the constants alone)
+    explains_levels: bool = False
+
+    @property
+    def message(self) -> str:
+        return (f"the output dequantization of '{self.output}' differs from the original by up to "
+                f"{self.max_steps:.3g} step(s) on sample {self.sample}: {self.detail}")
+
+    def describe(self) -> str:
+        return (f"node '{self.node}': " if self.node else "") + self.message
+
+
+def tail_affine(runner: Any, q_name: str, out: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Element-wise ``(a, b)`` of the tail run by ``runner`` (a float64 executor of the tail) for ``q`` of
+    ``shape``: ``b = T(0)``, ``a = T(1) − T(0)``."""
+    zero = np.zeros(shape, np.float64)
+    b = runner.run({q_name: zero})[out].astype(np.float64)
+    a = runner.run({q_name: zero + 1})[out].astype(np.float64) - b
+    return a, b
+
+
+def _fit(q: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
+    """Least-squares ``y ≈ a·q + b`` (None unless ``q`` takes two values)."""
+    if q.size < 2 or np.ptp(q) == 0:
+        return None
+    qm, ym = q.mean(), y.mean()
+    a = float(np.sum((q - qm) * (y - ym)) / np.sum((q - qm) ** 2))
+    return a, float(ym - a * qm)
+
+
+def check_tail(output: str, q_name: str, runner: Any, tail_nodes: list[Any], samples: list[tuple[int, np.ndarray,
+               np.ndarray]], rtol: float = TAIL_RTOL) -> TailIssue | None:
+    """Compare the streamlined tail with the original's float64 outputs on ``samples``: ``(index, q, y64)`` with
+    ``q`` the streamlined integer tensor and ``y64`` the original's output (module docstring). None if they agree."""
+    from verify.region import node_label
+
+    if not samples:
+        return None
+    a, b = tail_affine(runner, q_name, output, samples[0][1].shape)  # in the output's shape
+    worst: tuple[float, int] | None = None
+    qs, ys = [], []
+    for i, q_in, y64 in samples:
+        y = runner.run({q_name: q_in.astype(np.float64)})[output].astype(np.float64)
+        q = np.round(np.divide(y - b, a, out=np.zeros_like(y), where=a != 0))  # q through the tail's shape ops
+        expected = np.asarray(y64, np.float64).reshape(y.shape)
+        err = np.abs(y - expected)
+        tol = rtol * (np.abs(a) * np.abs(q) + np.abs(a) + np.abs(b))
+        if np.any(err > tol):
+            steps = float(np.max(err / np.where(a != 0, np.abs(a), np.inf)))
+            if worst is None or steps > worst[0]:
+                worst = (steps, i)
+        qs.append(q)
+        ys.append(expected)
+    if worst is None:
+        return None
+    # name the constant: fit the original's scale and bias over the elements sharing the tail's (a, b)
+    Q, Y = np.stack(qs), np.stack(ys)
+    A, B = np.broadcast_to(a, Q.shape), np.broadcast_to(b, Q.shape)
+    keys = np.stack([A.reshape(-1), B.reshape(-1)], 1)
+    detail, which, exact, informative = "", None, True, 0
+    groups = np.unique(keys, axis=0)
+    for ka, kb in groups[:4096]:
+        sel = (A == ka) & (B == kb)
+        fit = _fit(Q[sel], Y[sel])
+        if fit is None:
+            continue
+        fa, fb = fit
+        if np.unique(Q[sel]).size >= 3:  # two points always lie on a line: three tell
+            resid = float(np.max(np.abs(Y[sel] - (fa * Q[sel] + fb)))) / max(abs(fa), 1e-300)
+            exact &= resid <= 1e-6 * max(float(np.max(np.abs(Q[sel]))), 1.0)
+            informative += 1
+        scale_off = abs(fa - ka) > rtol * abs(ka)
+        bias_off = abs(fb - kb) > rtol * (abs(ka) + abs(kb))
+        if scale_off or bias_off:
+            which = which or ("scale" if scale_off else "bias")
+            detail = detail or (f"its scale {ka:.9g} and bias {kb:.9g}, the original's (fitted on its float64 outputs) "
+                      f"{fa:.9g} and {fb:.9g} (scale off by {abs(fa - ka) / abs(ka):.3g} relative, bias by "
+                      f"{abs(fb - kb) / abs(ka):.3g} step)" if ka != 0 else f"scale 0, the original's {fa:.9g}")
+    if not detail:
+        detail = "the tail's a·q + b does not match the original's float64 output beyond rounding"
+    ops = ("Mul", "Div") if which == "scale" else ("Add", "Sub") if which == "bias" else ()
+    named = [n for n in tail_nodes if n.op_type in ops] or list(tail_nodes)
+    node = node_label(named[-1] if which == "bias" else named[0]) if named else None
+    explains = exact and informative > 0 and which is not None
+    return TailIssue(output, worst[1], node, worst[0], detail, explains_levels=explains)

@@ -1,0 +1,126 @@
+"""The streamlined integer weights against the original's quantized weights, element by element.
+
+A changed weight element shows on random inputs only where its input is not 0 (and, through a threshold, only
+where the change crosses it); a dead input in eight samples hides it. But the weights themselves can be compared:
+streamlining scales a layer's weights per output channel (the weight scale, and any sign moved into them, go to the
+thresholds or the output dequantization), lowers a convolution to ``Im2Col → MatMul`` (rows ordered ``(kh, kw,
+C_in)``) and turns a bipolar layer into ``XnorPopcountMatMul`` with binary weights ``(w + 1) / 2``. So each column
+``c`` of the streamlined weight must be ``λ_c`` times the original's quantized weight of output channel ``c`` (for
+binary weights, ``2·w − 1`` must be ``±1`` times its sign pattern), with the same zeros.
+
+A streamlined ``MatMul``/``XnorPopcountMatMul`` is matched to the original layer its name comes from (conversion
+and lowering name it ``<layer>_MatMul`` or ``<layer>_matmul``); a layer whose weight is not a (Bipolar)Quant of a
+constant, a grouped (depthwise) convolution, or a shape no layout above explains, is not compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from finnlite.model import Model
+from finnlite.shapes import const_array
+from finnlite.tensors import DepthwiseWeight
+from verify.region import node_label
+
+__all__ = ["WeightIssue", "compare_weights", "RTOL"]
+
+RTOL = 1e-5
+_SUFFIXES = ("_MatMul", "_matmul")
+
+
+@dataclass
+class WeightIssue:
+    """A streamlined weight that is not the original's: the MatMul node, the weight tensor, the original layer."""
+
+    node: str
+    tensor: str
+    layer: str
+    message: str
+
+    def describe(self) -> str:
+        return f"node '{self.node}', tensor '{self.tensor}' (original layer '{self.layer}'): {self.message}"
+
+
+def _quantized_weight(original: Model, layer: Any) -> np.ndarray | None:
+    """The original layer's weight as its quantizer computes it (float64), or None."""
+    from custom_ops.registry import make_op
+
+    w = layer.inputs[1] if len(layer.inputs) > 1 else None
+    if w is None:
+        return None
+    direct = const_array(w)
+    if direct is not None:
+        return np.asarray(direct, np.float64)
+    q = w.producer()
+    if q is None or q.op_type not in ("Quant", "BipolarQuant"):
+        return None
+    args = [const_array(v) if v is not None else None for v in q.inputs]
+    if any(a is None for a in args):
+        return None
+    try:
+        return np.asarray(make_op(q).execute([np.asarray(a) for a in args])[0], np.float64)
+    except Exception:  # noqa: BLE001 - a quantizer this check does not handle: nothing compared
+        return None
+
+
+def _as_columns(layer: Any, w: np.ndarray, shape: tuple[int, int]) -> np.ndarray | None:
+    """The original weight as a ``[K, C]`` matrix in the streamlined row order, or None."""
+    attrs = {k: a.value for k, a in layer.attributes.items()}
+    if layer.op_type == "Conv":
+        if int(attrs.get("group", 1)) != 1 or w.ndim != 4:
+            return None
+        cols = w.transpose(2, 3, 1, 0).reshape(-1, w.shape[0])  # (kh, kw, C_in) x C_out
+    elif layer.op_type == "Gemm":
+        cols = w.T if int(attrs.get("transB", 0)) else w
+    elif layer.op_type == "MatMul":
+        cols = w
+    else:
+        return None
+    return cols if cols.shape == shape else None
+
+
+def compare_weights(model: Model, original: Model) -> list[WeightIssue]:
+    """Every matched streamlined weight that is not the original's up to a scale per output channel."""
+    issues: list[WeightIssue] = []
+    for node in model.graph:
+        if node.op_type not in ("MatMul", "XnorPopcountMatMul") or len(node.inputs) < 2 or node.inputs[1] is None:
+            continue
+        t = node.inputs[1].const_value
+        if t is None or isinstance(t, DepthwiseWeight) or len(t.shape) != 2:
+            continue
+        name = next((node.name[:-len(s)] for s in _SUFFIXES if node.name.endswith(s)), None)
+        layer = original.get_node_from_name(name) if name else None
+        if layer is None or layer.op_type not in ("Conv", "Gemm", "MatMul"):
+            continue
+        w_orig = _quantized_weight(original, layer)
+        ws = np.asarray(t.numpy(), np.float64)
+        wo = _as_columns(layer, w_orig, ws.shape) if w_orig is not None else None
+        if wo is None:
+            continue
+        if node.op_type == "XnorPopcountMatMul":
+            ws = 2 * ws - 1  # binary back to bipolar
+        problem = _proportional(ws, wo)
+        if problem is not None:
+            issues.append(WeightIssue(node_label(node), node.inputs[1].name, node_label(layer), problem))
+    return issues
+
+
+def _proportional(ws: np.ndarray, wo: np.ndarray) -> str | None:
+    """Why column ``c`` of ``ws`` is not ``λ_c`` times column ``c`` of ``wo`` (None if every column is)."""
+    zero_s, zero_o = ws == 0, wo == 0
+    pivot = np.argmax(np.abs(wo), axis=0)
+    cols = np.arange(ws.shape[1])
+    ref_o, ref_s = wo[pivot, cols], ws[pivot, cols]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lam = np.where(ref_o != 0, ref_s / ref_o, 0.0)
+    err = np.abs(ws - lam[None, :] * wo)
+    tol = RTOL * np.maximum(np.abs(ws).max(axis=0, initial=0.0), 1e-30)[None, :]
+    bad = (zero_s != zero_o) | (err > tol)
+    if not bad.any():
+        return None
+    k, c = (int(i) for i in np.argwhere(bad)[0])
+    return (f"element [{k}, {c}] is {ws[k, c]:g} where the original's quantized weight {wo[k, c]:.9g} times the "
+            f"column's scale {lam[c]:.9g} gives {lam[c] * wo[k, c]:.9g} ({int(bad.sum())} element(s) differ)")
