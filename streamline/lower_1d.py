@@ -9,7 +9,7 @@ shape and a Reshape after it appends the axis, so the model's interface does not
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir

@@ -31,7 +31,7 @@ from finnlite.datatypes import BaseDataType, is_integer_type, parse_datatype
 from finnlite.errors import DataTypeError
 from finnlite.model import Model
 from finnlite.tensors import DepthwiseWeight
-from verify.region import node_label, topo_order
+from verify.region import executor_with_outputs, node_label, topo_order
 
 __all__ = ["AnnotationIssue", "check_annotations", "observed_ranges", "derived_ranges"]
 
@@ -202,13 +202,11 @@ def observed_ranges(model: Model, reference: Any, names: Iterable[str], samples:
     """Run ``model`` on the reference samples one at a time and keep, for each tensor of ``names``, its range,
     whether it is integer and whether it holds 0 (and a first non-integer value). The tensors ``keep`` are kept in
     ``kept`` for the samples it has keys for (for other checks that need them, without running the model again)."""
-    from verify.final import _executor
-
     seen = {n: _Seen() for n in names}
     keep = set(keep)
     if not seen and not keep:
         return seen
-    ex = executor if executor is not None else _executor(model, [])
+    ex = executor if executor is not None else executor_with_outputs(model, [])
     n = reference.num_samples if samples is None else min(samples, reference.num_samples)
     for i in range(n):
         values = ex.run(reference.sample(i), return_all=True, windows=False)

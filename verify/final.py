@@ -35,12 +35,11 @@ import onnx_ir as ir
 
 from custom_ops.executor import Executor
 from finnlite.errors import VerificationError
-from finnlite.io import to_proto_without
 from finnlite.model import Model, as_model
 from verify.annotations import AnnotationIssue, check_annotations, derived_ranges
 from verify.compare import is_integer_tensor, quant_step
 from verify.reference import ReferenceData
-from verify.region import (as_constant, constant_tensors, descendants, handed_over, node_label, run_nodes,
+from verify.region import (constant_tensors, descendants, executor_with_outputs, node_label, run_nodes,
                            subgraph_model, topo_order)
 from verify.locate import Divergence, first_divergence
 from verify.proofs import ProofIssue, proof_inputs, proof_samples, prove_thresholds
@@ -240,18 +239,6 @@ def _with_outputs(model: Model, names: list[str]) -> onnx.ModelProto:
     return proto
 
 
-def _executor(model: Model, names: list[str], dtype: Any = np.float32) -> Any:
-    """An executor of ``model`` with the extra graph outputs ``names``. The large initializers (the weights) are
-    handed to it as the model's own arrays instead of being serialized into its ModelProto, which the executor
-    would copy and convert back to arrays (float32; a float64 executor converts them, once)."""
-    large = {name: v.const_value for name, v in model.graph.initializers.items()
-             if v.const_value is not None and handed_over(v.const_value)}
-    proto = to_proto_without(model.ir, large, node_metadata=False)
-    have = {o.name for o in proto.graph.output}
-    proto.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names if name not in have)
-    return Executor(proto, dtype=dtype, constants={name: as_constant(t) for name, t in large.items()})
-
-
 def _slice(arr: np.ndarray, i: int, b0: int) -> np.ndarray:
     return arr[i * b0:(i + 1) * b0]
 
@@ -384,7 +371,7 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     # the streamlined model first, its executor dropped before the original's are built: never both in memory
     if proofs:
         result.weight_issues = compare_weights(m, reference.original())
-    executor = _executor(m, extra)
+    executor = executor_with_outputs(m, extra)
     keep = proof_inputs(m, reference) if proofs else set()
     kept: dict[int, dict[str, np.ndarray]] = {i: {} for i in range(min(n, proof_samples(reference)))}
     ranges = derived_ranges(m) if annotations or keep else None
@@ -464,7 +451,7 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
                 # run it in float64 before calling this an error; if it still differs, look for a near-tie at a
                 # quantizer of a float tensor (its thresholds are float32 numbers: they cannot be exact there)
                 if in64 is None:
-                    in64 = _executor(m, extra, np.float64)
+                    in64 = executor_with_outputs(m, extra, np.float64)
                 values64 = in64.run(reference.sample(i), return_all=True)
                 d64 = deviation(values64, ref64, i)
                 if d64 < limit:

@@ -21,7 +21,7 @@ import numpy as np
 
 from finnlite.model import Model
 from verify.compare import is_integer_tensor
-from verify.region import constant_tensors, node_label, topo_order
+from verify.region import constant_tensors, executor_with_outputs, node_label, topo_order
 
 __all__ = ["Divergence", "first_divergence", "RTOL"]
 
@@ -75,8 +75,6 @@ def _conflict(s: np.ndarray, o: np.ndarray) -> str | None:
 def first_divergence(model: Model, reference: Any, samples: Sequence[int]) -> Divergence | None:
     """The first integer tensor of ``model`` (the streamlined model) shared with the original whose values are not,
     per channel, a function of the streamlined levels over ``samples`` (module docstring); None if none is."""
-    from verify.final import _executor
-
     samples = list(samples)
     if not samples:
         return None
@@ -87,7 +85,7 @@ def first_divergence(model: Model, reference: Any, samples: Sequence[int]) -> Di
     shared = [n for n in names if original.value(n) is not None]
     if not shared:
         return None
-    ex = _executor(model, [])
+    ex = executor_with_outputs(model, [])
     got = [ex.run(reference.sample(i), return_all=True) for i in samples]
     del ex
     want = [reference.values(i, np.float64) for i in samples]

@@ -28,6 +28,7 @@ from custom_ops.executor import Executor
 from custom_ops.plan import FEED_ELEMENTS
 from custom_ops.registry import make_op
 from finnlite.compat import IR_VERSION
+from finnlite.io import to_proto_without
 from finnlite.model import Model
 from finnlite.tensors import DepthwiseWeight, content_crc, is_immutable
 from verify.cache import Recompute, SampleValues
@@ -448,3 +449,15 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
                 dict.__setitem__(out, name, dict.pop(out, f"{name}__recomputed"))
         results.append(out)
     return results
+
+
+def executor_with_outputs(model: Model, names: list[str], dtype: Any = np.float32) -> Any:
+    """An executor of ``model`` with the extra graph outputs ``names``. The large initializers (the weights) are
+    handed to it as the model's own arrays instead of being serialized into its ModelProto, which the executor
+    would copy and convert back to arrays (float32; a float64 executor converts them, once)."""
+    large = {name: v.const_value for name, v in model.graph.initializers.items()
+             if v.const_value is not None and handed_over(v.const_value)}
+    proto = to_proto_without(model.ir, large, node_metadata=False)
+    have = {o.name for o in proto.graph.output}
+    proto.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names if name not in have)
+    return Executor(proto, dtype=dtype, constants={name: as_constant(t) for name, t in large.items()})
