@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from custom_ops.multithreshold import channel_axis_of
 from finnlite.datatypes import is_integer_type
+from finnlite.graphutil import is_standard_domain
 from finnlite.passes import Rule, Transformation, register_pass
 from finnlite.shapes import const_array
 from streamline.convert_common import layout_for
@@ -90,7 +91,7 @@ def _mt_input_node(model: Any, node: ir.Node, op: str) -> Any:
     """The producer of the MultiThreshold's input if it is ``op`` and feeds only this node."""
     x = node.inputs[0]
     prod = x.producer()
-    if prod is None or prod.op_type != op or prod.domain not in ("", "ai.onnx"):
+    if prod is None or prod.op_type != op or not is_standard_domain(prod.domain):
         return None
     if len(x.uses()) != 1 or x.is_graph_output():
         return None

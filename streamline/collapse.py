@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from finnlite.graphutil import is_standard_domain, rank_of
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import const_operand, exact_value, new_const_node, set_exact, to_float32
@@ -21,9 +22,6 @@ from streamline.real_thresholds import RealThresholds, fractions_of, set_real_th
 def _single_use(v: ir.Value) -> bool:
     return len(v.uses()) == 1 and not v.is_graph_output()
 
-
-def _rank(v: ir.Value) -> int | None:
-    return len(v.shape) if v.shape is not None else None
 
 
 @register_pass(group="collapse")
@@ -42,7 +40,7 @@ class BatchNormToAffine(Rule):
             return self.miss(node, "BatchNorm parameters are not constant")
         if len(node.outputs) > 1 and any(o.uses() for o in node.outputs[1:]):
             return self.miss(node, "training-mode BatchNorm outputs are used")
-        if _rank(node.inputs[0]) is None:
+        if rank_of(node.inputs[0], constants=False) is None:
             return self.miss(node, "input rank unknown")
         return node, params
 
@@ -52,7 +50,7 @@ class BatchNormToAffine(Rule):
         g, b, mu, v = (np.asarray(p, dtype=np.float64).ravel() for p in (gamma, beta, mean, var))
         a = g / np.sqrt(v + np.float64(np.float32(eps)))
         bias = b - mu * a
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         y = node.outputs[0]
         mul = new_const_node(model, "Mul", node.inputs[0], fractions_of(a), rank, 1, y, f"{node.name}_mul")
         add = new_const_node(model, "Add", mul.outputs[0], fractions_of(bias), rank, 1, y, f"{node.name}_add")
@@ -101,7 +99,7 @@ class _CollapseRepeated(Rule):
             return None
         x = node.inputs[1 - outer[0]]
         inner_node = x.producer()
-        if inner_node is None or inner_node.op_type != self.op or inner_node.domain not in ("", "ai.onnx"):
+        if inner_node is None or inner_node.op_type != self.op or not is_standard_domain(inner_node.domain):
             return None
         inner = const_operand(inner_node)
         if inner is None:
@@ -199,7 +197,8 @@ class ConvertSignToThreshold(Rule):
 
         rt = RealThresholds(np.array([[Fraction(0), Fraction(0)]], dtype=object), np.array([[False, True]]))
         thr = model.add_initializer(np.zeros((1, 2), np.float32), prefix=f"{node.name}_thr")
-        layout = "NCHW" if _rank(node.inputs[0]) == 4 else ("NC" if _rank(node.inputs[0]) == 2 else "")
+        rank = rank_of(node.inputs[0], constants=False)
+        layout = "NCHW" if rank == 4 else ("NC" if rank == 2 else "")
         mt = ir.Node("qonnx.custom_op.general", "MultiThreshold", [node.inputs[0], thr],
                      attributes=[ir.AttrString("out_dtype", "INT2"), ir.AttrFloat32("out_bias", -1.0),
                                  ir.AttrString("data_layout", layout)],

@@ -12,8 +12,9 @@ import onnx_ir as ir
 
 from custom_ops.maxpoolnhwc import pool_output_dim
 from custom_ops.registry import QONNX_DOMAIN
+from finnlite.graphutil import is_standard_domain, take_over
 from finnlite.passes import Rule, register_pass
-from streamline.lower_common import TO_NCHW, TO_NHWC, attr, ensure_custom_domain, new_value, shape_of, take_over
+from streamline.lower_common import TO_NCHW, TO_NHWC, attr, ensure_custom_domain, new_value, shape_of
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -37,7 +38,7 @@ class MakeMaxPoolNHWC(Rule):
     op_types = ("MaxPool",)
 
     def match(self, model: "Model", node: ir.Node) -> Any:
-        if node.domain not in ("", "ai.onnx"):
+        if not is_standard_domain(node.domain):
             return None
         if len(node.outputs) > 1 and (node.outputs[1].uses() or node.outputs[1].is_graph_output()):
             return self.miss(node, "the Indices output is used")

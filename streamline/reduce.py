@@ -16,12 +16,10 @@ import numpy as np
 import onnx_ir as ir
 
 from finnlite.datatypes import is_integer_type
+from finnlite.graphutil import is_standard_domain
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import const_operand, exact_value, set_exact, to_float32
-
-_STD = ("", "ai.onnx")
-
 
 def reduce_axes(node: ir.Node) -> list[int] | None:
     """The axes a GlobalAveragePool / ReduceMean / ReduceSum reduces (normalized to ≥ 0), None if unknown. An
@@ -80,7 +78,7 @@ class MoveLinearPastReduce(Rule):
     def match(self, model: Any, node: ir.Node) -> Any:
         x = node.inputs[0]
         lin = x.producer() if x is not None else None
-        if lin is None or lin.op_type not in ("Mul", "Add") or lin.domain not in _STD:
+        if lin is None or lin.op_type not in ("Mul", "Add") or not is_standard_domain(lin.domain):
             return None
         if len(x.uses()) != 1 or x.is_graph_output():
             return None

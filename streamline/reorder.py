@@ -14,16 +14,11 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from finnlite.graphutil import is_standard_domain, rank_of
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array, const_shape
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
 from streamline.real_thresholds import exact_sums, fractions_of
-
-_STD = ("", "ai.onnx")
-
-
-def _rank(v: ir.Value) -> int | None:
-    return len(v.shape) if v.shape is not None else None
 
 
 def _linear_input(node: ir.Node, index: int, ops: tuple[str, ...]) -> Any:
@@ -33,7 +28,7 @@ def _linear_input(node: ir.Node, index: int, ops: tuple[str, ...]) -> Any:
     if v is None:
         return None
     lin = v.producer()
-    if lin is None or lin.op_type not in ops or lin.domain not in _STD:
+    if lin is None or lin.op_type not in ops or not is_standard_domain(lin.domain):
         return None
     if len(v.uses()) != 1 or v.is_graph_output():
         return None
@@ -101,7 +96,7 @@ class MoveAddPastMatMul(Rule):
         w_shape = const_shape(node.inputs[1])  # not the values: a depthwise weight would be made dense
         if w_shape is None or len(w_shape) != 2:
             return None
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, rank - 1) if rank else None
         if vec is None:
             return self.miss(node, "the Add before the MatMul varies along a non-feature axis")
@@ -114,7 +109,7 @@ class MoveAddPastMatMul(Rule):
         b = np.array([vec[0]] * k if len(vec) == 1 else list(vec), dtype=object)
         wf = fractions_of(w)
         bw = np.array([sum(b[i] * wf[i, n] for i in range(k)) for n in range(w.shape[1])], dtype=object)
-        _move_after(model, lin, ci, node, 0, bw.reshape(1, -1) if _rank(node.outputs[0]) else bw)
+        _move_after(model, lin, ci, node, 0, bw.reshape(1, -1) if rank_of(node.outputs[0], constants=False) else bw)
 
 
 def _conv_attrs(node: ir.Node) -> dict[str, Any]:
@@ -146,7 +141,7 @@ class MoveMulPastConv(Rule):
         w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if lin is None or w is None:
             return None
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
         if vec is None:
             return self.miss(node, "the Mul before the Conv varies along a spatial axis")
@@ -175,7 +170,7 @@ class MoveAddPastConv(Rule):
             return None
         if _padded(_conv_attrs(node)):
             return self.miss(node, "an Add cannot pass a padded Conv (the border would change)")
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
         if vec is None:
             return self.miss(node, "the Add before the Conv varies along a spatial axis")
@@ -207,7 +202,7 @@ class MoveLinearPastMaxPool(Rule):
         lin = _linear_input(node, 0, ("Mul", "Add"))
         if lin is None or len(node.outputs) > 1 and node.outputs[1].uses():
             return None
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
         if vec is None:
             return self.miss(node, f"the {lin[0].op_type} before MaxPool varies along a spatial axis")
@@ -236,7 +231,7 @@ class MoveLinearPastAveragePool(Rule):
         attrs = _conv_attrs(node)
         if lin[0].op_type == "Add" and _padded(attrs) and int(attrs.get("count_include_pad", 0)):
             return self.miss(node, "an Add cannot pass an AveragePool that counts padding")
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
         if vec is None:
             return self.miss(node, f"the {lin[0].op_type} before AveragePool varies along a spatial axis")
@@ -257,7 +252,7 @@ class MoveMulPastRelu(Rule):
         lin = _linear_input(node, 0, ("Mul",))
         if lin is None:
             return None
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = exact_value(lin[0], lin[2])
         if any(v <= 0 for v in vec.ravel()):
             return self.miss(node, "a non-positive scale cannot pass Relu")
@@ -283,12 +278,12 @@ class MoveScalarLinearPastInvariants(Rule):
         if val.size == 1:
             return node, lin, np.asarray(val.ravel()[0], dtype=object)
         if node.op_type == "Transpose" and "perm" in node.attributes:
-            rank = _rank(node.inputs[0])
+            rank = rank_of(node.inputs[0], constants=False)
             if rank is None:
                 return None
             full = val.reshape((1,) * (rank - val.ndim) + val.shape)
             return node, lin, np.transpose(full, list(node.attributes["perm"].value))
-        out_rank = _rank(node.outputs[0])
+        out_rank = rank_of(node.outputs[0], constants=False)
         in_shape = node.inputs[0].shape
         if node.op_type in ("Reshape", "Flatten") and out_rank == 2 and in_shape is not None and len(in_shape) == 4:
             vec = channel_vector(val, 4, 1)
@@ -311,7 +306,7 @@ class MoveLinearPastFork(Rule):
     op_types = ("Mul", "Add")
 
     def match(self, model: Any, node: ir.Node) -> Any:
-        if node.domain not in _STD or const_operand(node) is None:
+        if not is_standard_domain(node.domain) or const_operand(node) is None:
             return None
         y = node.outputs[0]
         uses = list(y.uses())
@@ -420,7 +415,7 @@ class MoveLinearPastConcat(Rule):
 
     def match(self, model: Any, node: ir.Node) -> Any:
         axis = int(node.attributes["axis"].value) if "axis" in node.attributes else 0
-        rank = _rank(node.outputs[0])
+        rank = rank_of(node.outputs[0], constants=False)
         if rank is None or axis % rank != 1:
             return None
         lins = [_linear_input(node, i, ("Mul", "Add")) for i in range(len(node.inputs))]
