@@ -188,6 +188,7 @@ class ConvertSignToThreshold(Rule):
     Algebra: Sign(x) = [x ≥ 0] + [x > 0] − 1 ∈ {−1, 0, 1}: two thresholds at 0, the second strict."""
 
     op_types = ("Sign",)
+    aliases = ("ConvertSignToThres",)
 
     def match(self, model: Any, node: ir.Node) -> Any:
         return node

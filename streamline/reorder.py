@@ -88,6 +88,7 @@ class MoveAddPastMatMul(Rule):
     Algebra: (x + b)·W = x·W + b·W, with b·W computed exactly. Condition: the Add feeds only the MatMul."""
 
     op_types = ("MatMul",)
+    aliases = ("MoveScalarAddPastMatMul",)
 
     def match(self, model: Any, node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Add",))
@@ -135,6 +136,7 @@ class MoveMulPastConv(Rule):
     MoveMulPastDWConv). Condition: the Mul feeds only the Conv; W is constant."""
 
     op_types = ("Conv",)
+    aliases = ("MoveScalarMulPastConv", "MoveMulPastDWConv")
 
     def match(self, model: Any, node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul",))
@@ -197,6 +199,7 @@ class MoveLinearPastMaxPool(Rule):
     channel (axis 1). A negative or zero factor would turn max into min: left in place."""
 
     op_types = ("MaxPool",)
+    aliases = ("MoveMulPastMaxPool",)
 
     def match(self, model: Any, node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul", "Add"))
@@ -304,6 +307,7 @@ class MoveLinearPastFork(Rule):
     the output is not a graph output."""
 
     op_types = ("Mul", "Add")
+    aliases = ("MoveAddPastFork", "MoveMulPastFork")
 
     def match(self, model: Any, node: ir.Node) -> Any:
         if not is_standard_domain(node.domain) or const_operand(node) is None:

@@ -154,6 +154,7 @@ class ConvBiasToAdd(Rule):
     quantizer is)."""
 
     op_types = ("Conv", "ConvTranspose")
+    aliases = ("ExtractBiasFromConv",)
 
     def match(self, model: Any, node: ir.Node) -> Any:
         if len(node.inputs) < 3 or node.inputs[2] is None:
@@ -189,6 +190,7 @@ class SubToAdd(Rule):
     Exact: negation is exact in floating point and x − c = x + (−c) in IEEE arithmetic."""
 
     op_types = ("Sub",)
+    aliases = ("ConvertSubToAdd",)
 
     def match(self, model: Any, node: ir.Node) -> Any:
         c = const_array(node.inputs[1])
