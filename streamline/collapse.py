@@ -7,7 +7,7 @@ exact constants (see :mod:`streamline.exact`) are the exact products and sums of
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
@@ -17,6 +17,9 @@ from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import const_operand, exact_value, new_const_node, set_exact, to_float32
 from streamline.real_thresholds import RealThresholds, fractions_of, set_real_thresholds
+
+if TYPE_CHECKING:
+    from finnlite.model import Model
 
 
 def _single_use(v: ir.Value) -> bool:
@@ -34,7 +37,7 @@ class BatchNormToAffine(Rule):
 
     op_types = ("BatchNormalization",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         params = [const_array(v) for v in node.inputs[1:5]]
         if len(params) != 4 or any(p is None for p in params):
             return self.miss(node, "BatchNorm parameters are not constant")
@@ -44,7 +47,7 @@ class BatchNormToAffine(Rule):
             return self.miss(node, "input rank unknown")
         return node, params
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (gamma, beta, mean, var) = match
         eps = float(node.attributes["epsilon"].value) if "epsilon" in node.attributes else 1e-5
         g, b, mu, v = (np.asarray(p, dtype=np.float64).ravel() for p in (gamma, beta, mean, var))
@@ -65,7 +68,7 @@ class ConvertDivToMul(Rule):
 
     op_types = ("Div",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         c = const_array(node.inputs[1])
         if c is None or const_array(node.inputs[0]) is not None:
             return self.miss(node, "divisor is not a constant")
@@ -73,7 +76,7 @@ class ConvertDivToMul(Rule):
             return self.miss(node, "divisor has a zero or non-finite value")
         return node, c
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, c = match
         exact = exact_value(node, c)
         recip = np.empty(exact.shape, dtype=object)
@@ -93,7 +96,7 @@ class _CollapseRepeated(Rule):
 
     op: str = ""
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         outer = const_operand(node)
         if outer is None:
             return None
@@ -108,7 +111,7 @@ class _CollapseRepeated(Rule):
             return self.miss(node, f"the preceding {self.op} output is forked")
         return node, outer, inner_node, inner
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (oi, oval), inner_node, (ii, ival) = match
         a, b = exact_value(inner_node, ival), exact_value(node, oval)
         combined = a * b if self.op == "Mul" else a + b
@@ -147,7 +150,7 @@ class MoveAddPastMul(Rule):
 
     op_types = ("Mul",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         mul = const_operand(node)
         if mul is None:
             return None
@@ -162,7 +165,7 @@ class MoveAddPastMul(Rule):
             return self.miss(node, "the preceding Add is forked")
         return node, mul, add_node, add
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (mi, mval), add_node, (ai, aval) = match
         a, b = exact_value(node, mval), exact_value(add_node, aval)
         ab = np.asarray(a * b, dtype=object)
@@ -190,10 +193,10 @@ class ConvertSignToThreshold(Rule):
     op_types = ("Sign",)
     aliases = ("ConvertSignToThres",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         return node
 
-    def rewrite(self, model: Any, node: ir.Node) -> None:
+    def rewrite(self, model: "Model", node: ir.Node) -> None:
         from streamline.absorb import materialize  # absorb owns threshold materialization
 
         rt = RealThresholds(np.array([[Fraction(0), Fraction(0)]], dtype=object), np.array([[False, True]]))
@@ -217,7 +220,7 @@ class CollapseRepeatedTranspose(Rule):
 
     op_types = ("Transpose",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         inner = node.inputs[0].producer()
         if inner is None or inner.op_type != "Transpose" or not _single_use(node.inputs[0]):
             return None
@@ -225,7 +228,7 @@ class CollapseRepeatedTranspose(Rule):
             return self.miss(node, "Transpose without an explicit perm")
         return node, inner
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, inner = match
         p, q = list(inner.attributes["perm"].value), list(node.attributes["perm"].value)
         perm = [p[i] for i in q]
@@ -247,7 +250,7 @@ class CollapseRepeatedReshape(Rule):
 
     op_types = ("Reshape",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         inner = node.inputs[0].producer()
         if inner is None or inner.op_type not in ("Reshape", "Flatten") or not _single_use(node.inputs[0]):
             return None
@@ -256,7 +259,7 @@ class CollapseRepeatedReshape(Rule):
             return self.miss(node, "outer shape is not constant or copies a dimension")
         return node, inner
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, inner = match
         node.replace_input_with(0, inner.inputs[0])
         model.remove_node(inner)

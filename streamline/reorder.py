@@ -9,7 +9,7 @@ docstring gives its algebra and the conditions under which it is exact.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
@@ -19,6 +19,9 @@ from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array, const_shape
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
 from streamline.real_thresholds import exact_sums, fractions_of
+
+if TYPE_CHECKING:
+    from finnlite.model import Model
 
 
 def _linear_input(node: ir.Node, index: int, ops: tuple[str, ...]) -> Any:
@@ -66,7 +69,7 @@ class MoveScalarMulPastMatMul(Rule):
 
     op_types = ("MatMul",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul",))
         if lin is None or const_array(node.inputs[1]) is None:
             return None
@@ -76,7 +79,7 @@ class MoveScalarMulPastMatMul(Rule):
                                    "integer weights)")
         return node, lin, vec
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec = match
         _move_after(model, lin, ci, node, 0, np.array(vec[0], dtype=object))
 
@@ -90,7 +93,7 @@ class MoveAddPastMatMul(Rule):
     op_types = ("MatMul",)
     aliases = ("MoveScalarAddPastMatMul",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Add",))
         if lin is None:
             return None
@@ -103,7 +106,7 @@ class MoveAddPastMatMul(Rule):
             return self.miss(node, "the Add before the MatMul varies along a non-feature axis")
         return node, lin, vec
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec = match
         w = const_array(node.inputs[1])
         k = w.shape[0]
@@ -138,7 +141,7 @@ class MoveMulPastConv(Rule):
     op_types = ("Conv",)
     aliases = ("MoveScalarMulPastConv", "MoveMulPastDWConv")
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul",))
         w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if lin is None or w is None:
@@ -151,7 +154,7 @@ class MoveMulPastConv(Rule):
             return self.miss(node, "a per-channel Mul cannot pass a non-depthwise Conv with integer weights")
         return node, lin, vec, rank
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec, rank = match
         _move_after(model, lin, ci, node, 0, shaped_for_axis(vec, rank, 1))
 
@@ -165,7 +168,7 @@ class MoveAddPastConv(Rule):
 
     op_types = ("Conv",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Add",))
         w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if lin is None or w is None:
@@ -178,7 +181,7 @@ class MoveAddPastConv(Rule):
             return self.miss(node, "the Add before the Conv varies along a spatial axis")
         return node, lin, vec, w, rank
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec, w, rank = match
         group = int(_conv_attrs(node).get("group", 1))
         out_ch, in_per_group = w.shape[0], w.shape[1]
@@ -201,7 +204,7 @@ class MoveLinearPastMaxPool(Rule):
     op_types = ("MaxPool",)
     aliases = ("MoveMulPastMaxPool",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul", "Add"))
         if lin is None or len(node.outputs) > 1 and node.outputs[1].uses():
             return None
@@ -213,7 +216,7 @@ class MoveLinearPastMaxPool(Rule):
             return self.miss(node, "a non-positive scale cannot pass MaxPool")
         return node, lin, vec, rank
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec, rank = match
         _move_after(model, lin, ci, node, 0, shaped_for_axis(vec, rank, 1))
 
@@ -227,7 +230,7 @@ class MoveLinearPastAveragePool(Rule):
 
     op_types = ("AveragePool", "GlobalAveragePool")
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul", "Add"))
         if lin is None:
             return None
@@ -240,7 +243,7 @@ class MoveLinearPastAveragePool(Rule):
             return self.miss(node, f"the {lin[0].op_type} before AveragePool varies along a spatial axis")
         return node, lin, vec, rank
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec, rank = match
         _move_after(model, lin, ci, node, 0, shaped_for_axis(vec, rank, 1))
 
@@ -251,7 +254,7 @@ class MoveMulPastRelu(Rule):
 
     op_types = ("Relu",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul",))
         if lin is None:
             return None
@@ -261,7 +264,7 @@ class MoveMulPastRelu(Rule):
             return self.miss(node, "a non-positive scale cannot pass Relu")
         return node, lin, vec
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec = match
         _move_after(model, lin, ci, node, 0, vec)
 
@@ -273,7 +276,7 @@ class MoveScalarLinearPastInvariants(Rule):
 
     op_types = ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity")
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul", "Add"))
         if lin is None:
             return None
@@ -294,7 +297,7 @@ class MoveScalarLinearPastInvariants(Rule):
                 return node, lin, vec.reshape(1, -1)
         return self.miss(node, f"a non-scalar {lin[0].op_type} cannot pass {node.op_type} here")
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), new = match
         _move_after(model, lin, ci, node, 0, new)
 
@@ -309,7 +312,7 @@ class MoveLinearPastFork(Rule):
     op_types = ("Mul", "Add")
     aliases = ("MoveAddPastFork", "MoveMulPastFork")
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         if not is_standard_domain(node.domain) or const_operand(node) is None:
             return None
         y = node.outputs[0]
@@ -318,7 +321,7 @@ class MoveLinearPastFork(Rule):
             return None
         return node, uses
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, uses = match
         y = node.outputs[0]
         copies = []
@@ -349,7 +352,7 @@ class MoveLinearPastEltwiseAdd(Rule):
     #: the largest integer factor used to equalize unequal scales
     max_factor = 256
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         if const_operand(node) is not None or len(node.inputs) != 2:
             return None
         sides = [_linear_input(node, i, ("Mul", "Add")) for i in (0, 1)]
@@ -374,7 +377,7 @@ class MoveLinearPastEltwiseAdd(Rule):
                 return node, "ratio", sides[0], sides[1], (a.ravel()[0], ratio)
         return self.miss(node, "the branches' scales differ and their ratio is not a small fraction")
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, kind = match[0], match[1]
         if kind == "mul":
             _, _, (l, lci, _), (r, rci, _), a = match
@@ -417,7 +420,7 @@ class MoveLinearPastConcat(Rule):
 
     op_types = ("Concat",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         axis = int(node.attributes["axis"].value) if "axis" in node.attributes else 0
         rank = rank_of(node.outputs[0], constants=False)
         if rank is None or axis % rank != 1:
@@ -437,7 +440,7 @@ class MoveLinearPastConcat(Rule):
             vec = vec[:1]
         return node, lins, vec, rank
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, lins, vec, rank = match
         for i, (lin, ci, _) in enumerate(lins[1:], start=1):
             node.replace_input_with(i, lin.inputs[1 - ci])
@@ -455,7 +458,7 @@ class AbsorbIntegerMulIntoMultiThreshold(Rule):
 
     op_types = ("Mul",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         c = const_operand(node)
         if c is None or np.asarray(c[1]).size != 1:
             return None
@@ -466,7 +469,7 @@ class AbsorbIntegerMulIntoMultiThreshold(Rule):
             return None
         return node, mt, k
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, mt, k = match
         scale = float(mt.attributes["out_scale"].value) if "out_scale" in mt.attributes else 1.0
         bias = float(mt.attributes["out_bias"].value) if "out_bias" in mt.attributes else 0.0
@@ -487,7 +490,7 @@ class MoveLinearPastPad(Rule):
 
     op_types = ("Pad",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul", "Add"))
         if lin is None:
             return None
@@ -512,7 +515,7 @@ class MoveLinearPastPad(Rule):
             return self.miss(node, "the moved pad value is not exact in float32")
         return node, lin, new_v, val
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), new_v, val = match
         if new_v != 0 or len(node.inputs) > 2:
             k = model.add_initializer(np.array(float(new_v), np.float32), prefix=f"{node.name}_fill")

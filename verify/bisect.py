@@ -11,6 +11,7 @@ rule's ``on_rewrite`` callback names the nodes it matched. The command line is `
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -66,6 +67,8 @@ class BisectResult:
 def _describe_match(match: Any) -> str:
     if isinstance(match, ir.Node):
         return f"{match.op_type} '{node_label(match)}'"
+    if dataclasses.is_dataclass(match) and not isinstance(match, type):  # a rule's match record: its fields
+        match = [getattr(match, f.name) for f in dataclasses.fields(match)]
     if isinstance(match, dict):
         match = list(match.values())
     if isinstance(match, (list, tuple)):
