@@ -27,6 +27,7 @@ from streamline.real_thresholds import RealThresholds, get_real_thresholds, relu
 if TYPE_CHECKING:
     from finnlite.model import Model
 
+
 def mt_channel_axis(node: ir.Node) -> int:
     """The channel axis of a MultiThreshold node (from its data_layout and its input's rank)."""
     layout = node.attributes["data_layout"].value if "data_layout" in node.attributes else ""

@@ -26,7 +26,6 @@ def _single_use(v: ir.Value) -> bool:
     return len(v.uses()) == 1 and not v.is_graph_output()
 
 
-
 @register_pass(group="collapse")
 class BatchNormToAffine(Rule):
     """BatchNormalization(x, γ, β, μ, σ²) → Add(Mul(x, A), B) with A = γ / √(σ² + ε), B = β − μ·A.

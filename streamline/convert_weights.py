@@ -260,7 +260,6 @@ def plan_after(model: "Model", consumer: ir.Node, index: int, shape: tuple[int, 
     raise Unsupported(f"cannot move a scale past a {op} consumer")
 
 
-
 def is_bias_use(node: ir.Node, index: int, depth: int = 0) -> bool:
     """True if input ``index`` of ``node`` is added rather than multiplied: an Add/Sub operand or the bias input
     of a Gemm/Conv/ConvTranspose, possibly through shape-only ops (with constant shapes)."""

@@ -53,7 +53,6 @@ class Rep:
         return self.cols is None and self.perm == identity(len(self.perm))
 
 
-
 def _shape(v: ir.Value) -> tuple[int, ...] | None:
     if v.shape is None:
         arr = const_array(v)

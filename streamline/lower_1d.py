@@ -27,7 +27,6 @@ _ELEMENTWISE = ("Mul", "Add", "Sub", "Relu", "Identity")
 _SPATIAL = ("Conv", "MaxPool", "AveragePool")
 
 
-
 @register_pass(group="lower")
 class Change3DTo4DTensors(Transformation):
     """Every 3-D activation tensor ``(N, C, W)`` → ``(N, C, W, 1)`` (FINN's name).

@@ -24,6 +24,7 @@ from streamline.exact import const_operand, exact_value, set_exact, to_float32
 if TYPE_CHECKING:
     from finnlite.model import Model
 
+
 def reduce_axes(node: ir.Node) -> list[int] | None:
     """The axes a GlobalAveragePool / ReduceMean / ReduceSum reduces (normalized to ≥ 0), None if unknown. An
     empty or absent ``axes`` means every axis (unless ``noop_with_empty_axes``: then None)."""
