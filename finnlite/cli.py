@@ -28,7 +28,7 @@ from typing import Any, Sequence
 from finnlite.errors import ConfigError, FinnliteError
 from finnlite.io import check_output_path
 from finnlite.model import Model
-from finnlite.passes import list_passes
+from finnlite.passes import list_aliases, list_passes
 from finnlite.validate import validate_model
 
 log = logging.getLogger("finnlite")
@@ -138,6 +138,12 @@ def cmd_passes(args: argparse.Namespace) -> int:
     print()
     for p in list_passes():
         print(f"  {p.group:<10} {p.name:<40} {p.summary()}")
+    aliases = list_aliases()
+    if aliases:
+        print()
+        print("FINN/qonnx names (aliases):")
+        for alias, name in aliases.items():
+            print(f"  {alias} -> {name}")
     return 0
 
 

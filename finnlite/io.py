@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from finnlite.compat import IR_VERSION, fix_ir_version
 from finnlite.errors import ModelLoadError
+from finnlite.ops import is_standard_domain
 from finnlite.tensors import DepthwiseWeight
 
 #: Above this many bytes a model must store its initializers as external data (protobuf's 2 GB limit).
@@ -44,7 +45,7 @@ def _parse(data: bytes, where: str | None) -> onnx.ModelProto:
         raise ModelLoadError("incomplete ONNX model: it imports no opset (a truncated file?)", file=where)
     newest = onnx.defs.onnx_opset_version()
     for opset in proto.opset_import:
-        if opset.domain in ("", "ai.onnx") and not 1 <= opset.version <= newest:
+        if is_standard_domain(opset.domain) and not 1 <= opset.version <= newest:
             raise ModelLoadError(f"imports ONNX opset {opset.version}; the installed onnx knows opsets 1 to "
                                  f"{newest}", file=where)
     return proto

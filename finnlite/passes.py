@@ -5,7 +5,8 @@
   only reads.
 * The registry maps a pass name to its class and group. Passes are registered explicitly with
   :func:`register_pass`; nothing is looked up with ``eval`` or depends on import order beyond the import of the
-  module that defines the pass.
+  module that defines the pass. A pass may declare ``aliases``: the names of FINN/qonnx transformations it covers
+  (alone or as part of a more general rewrite); :func:`get_pass` resolves them, and no alias may be a pass name.
 * :class:`PassManager` runs ordered :class:`Stage` objects. A fixpoint stage repeats its passes until one full
   round changes nothing. Termination is guaranteed by cycle detection (a fingerprint of the graph after each round:
   seeing one twice means the passes oscillate) and a hard iteration cap; both raise :class:`FixpointError` naming
@@ -38,6 +39,8 @@ class Pass:
     name: ClassVar[str] = ""
     group: ClassVar[str] = "misc"
     verification: ClassVar[Any] = None
+    #: FINN/qonnx transformation names this pass covers (registered with it; not inherited by subclasses)
+    aliases: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -131,6 +134,7 @@ class Rule(Transformation):
 
 # -- registry ------------------------------------------------------------------------------------------------
 _REGISTRY: dict[str, type[Pass]] = {}
+_ALIASES: dict[str, str] = {}  # FINN/qonnx name -> registered pass name
 
 
 def register_pass(cls: type[Pass] | None = None, *, group: str | None = None) -> Any:
@@ -143,18 +147,30 @@ def register_pass(cls: type[Pass] | None = None, *, group: str | None = None) ->
         old = _REGISTRY.get(c.name)
         if old is not None and old is not c and (old.__module__, old.__qualname__) != (c.__module__, c.__qualname__):
             raise PassError(f"a pass named '{c.name}' is registered twice ({old.__module__}, {c.__module__})")
+        if c.name in _ALIASES:
+            raise PassError(f"pass name '{c.name}' is already an alias of {_ALIASES[c.name]}")
+        for alias in c.__dict__.get("aliases", ()):
+            if alias in _REGISTRY or _ALIASES.get(alias, c.name) != c.name:
+                taken = "a pass" if alias in _REGISTRY else f"an alias of {_ALIASES[alias]}"
+                raise PassError(f"alias '{alias}' of {c.name} is already {taken}")
         _REGISTRY[c.name] = c
+        _ALIASES.update((alias, c.name) for alias in c.__dict__.get("aliases", ()))
         return c
 
     return deco(cls) if cls is not None else deco
 
 
 def get_pass(name: str) -> type[Pass]:
-    """The registered pass class called ``name``."""
+    """The registered pass class called ``name``, or the pass an alias (a FINN/qonnx name) stands for."""
     try:
-        return _REGISTRY[name]
+        return _REGISTRY[_ALIASES.get(name, name)]
     except KeyError:
         raise PassError(f"no pass named '{name}' is registered") from None
+
+
+def list_aliases() -> dict[str, str]:
+    """Every alias (a FINN/qonnx transformation name) and the registered pass it stands for, sorted by alias."""
+    return dict(sorted(_ALIASES.items()))
 
 
 def list_passes(group: str | None = None) -> list[type[Pass]]:

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx import defs, helper, shape_inference
 
 from finnlite.errors import GraphError, OpError
-from finnlite.ops import is_custom_domain, make_op
+from finnlite.ops import is_custom_domain, is_standard_domain, make_op
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -32,7 +32,7 @@ def const_array(v: ir.Value | None) -> np.ndarray | None:
     if v.const_value is not None:
         return v.const_value.numpy()
     prod = v.producer()
-    if prod is not None and prod.op_type == "Constant" and prod.domain in ("", "ai.onnx"):
+    if prod is not None and prod.op_type == "Constant" and is_standard_domain(prod.domain):
         attr = prod.attributes.get("value")
         if attr is not None:
             return attr.value.numpy()
@@ -47,7 +47,7 @@ def const_shape(v: ir.Value | None) -> tuple[int, ...] | None:
     if v.const_value is not None:
         return tuple(int(d) for d in v.const_value.shape)
     prod = v.producer()
-    if prod is not None and prod.op_type == "Constant" and prod.domain in ("", "ai.onnx"):
+    if prod is not None and prod.op_type == "Constant" and is_standard_domain(prod.domain):
         attr = prod.attributes.get("value")
         if attr is not None:
             return tuple(int(d) for d in attr.value.shape)

@@ -9,18 +9,24 @@ thresholds as exact: ``x ≥ T`` is what it computes.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
 
 from custom_ops.multithreshold import channel_axis_of
 from finnlite.datatypes import is_integer_type
-from finnlite.passes import Rule, Transformation, register_pass
+from finnlite.graphutil import is_standard_domain
+from finnlite.passes import Miss, Rule, Transformation, register_pass
 from finnlite.shapes import const_array
 from streamline.convert_common import layout_for
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
 from streamline.real_thresholds import RealThresholds, get_real_thresholds, relu_composed, set_real_thresholds
+
+if TYPE_CHECKING:
+    from finnlite.model import Model
+
 
 def mt_channel_axis(node: ir.Node) -> int:
     """The channel axis of a MultiThreshold node (from its data_layout and its input's rank)."""
@@ -90,7 +96,7 @@ def _mt_input_node(model: Any, node: ir.Node, op: str) -> Any:
     """The producer of the MultiThreshold's input if it is ``op`` and feeds only this node."""
     x = node.inputs[0]
     prod = x.producer()
-    if prod is None or prod.op_type != op or prod.domain not in ("", "ai.onnx"):
+    if prod is None or prod.op_type != op or not is_standard_domain(prod.domain):
         return None
     if len(x.uses()) != 1 or x.is_graph_output():
         return None
@@ -106,15 +112,27 @@ class AbsorbReluIntoMultiThreshold(Rule):
 
     op_types = ("MultiThreshold",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         return _mt_input_node(model, node, "Relu") and (node, node.inputs[0].producer())
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, relu = match
         rt = relu_composed(real_thresholds_of(model, node))
         node.replace_input_with(0, relu.inputs[0])
         model.remove_node(relu)
         _set(model, node, rt)
+
+
+@dataclass(frozen=True)
+class LinearIntoThresholds:
+    """A match of AbsorbAdd/MulIntoMultiThreshold: ``node`` (the MultiThreshold) reads ``lin`` (the Add/Mul), whose
+    input ``const_index`` is the constant; ``vec`` its exact values along the MultiThreshold's channel ``axis``."""
+
+    node: ir.Node
+    lin: ir.Node
+    const_index: int
+    vec: np.ndarray
+    axis: int
 
 
 @register_pass(group="absorb")
@@ -127,7 +145,7 @@ class AbsorbAddIntoMultiThreshold(Rule):
 
     op_types = ("MultiThreshold",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> LinearIntoThresholds | Miss | None:
         add = _mt_input_node(model, node, "Add")
         if add is None:
             return None
@@ -137,13 +155,13 @@ class AbsorbAddIntoMultiThreshold(Rule):
         axis, vec = absorb_channel_vector(model, node, exact_value(add, c[1]))
         if vec is None:
             return self.miss(node, "the Add's constant varies along a non-channel axis")
-        return node, add, c[0], vec, axis
+        return LinearIntoThresholds(node, add, c[0], vec, axis)
 
-    def rewrite(self, model: Any, match: Any) -> None:
-        node, add, ci, vec, axis = match
-        set_channel_axis(node, axis)
+    def rewrite(self, model: "Model", match: LinearIntoThresholds) -> None:
+        node, add, vec = match.node, match.lin, match.vec
+        set_channel_axis(node, match.axis)
         rt = real_thresholds_of(model, node).shifted(vec)
-        node.replace_input_with(0, add.inputs[1 - ci])
+        node.replace_input_with(0, add.inputs[1 - match.const_index])
         model.remove_node(add)
         _set(model, node, rt)
 
@@ -160,7 +178,7 @@ class AbsorbMulIntoMultiThreshold(Rule):
 
     op_types = ("MultiThreshold",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> LinearIntoThresholds | Miss | None:
         mul = _mt_input_node(model, node, "Mul")
         if mul is None:
             return None
@@ -172,11 +190,11 @@ class AbsorbMulIntoMultiThreshold(Rule):
             return self.miss(node, "the Mul's constant varies along a non-channel axis")
         if len(vec) > 1 and any(v < 0 for v in vec):
             return self.miss(node, "per-channel factors with negative values (needs their sign in the weights)")
-        return node, mul, c[0], vec, axis
+        return LinearIntoThresholds(node, mul, c[0], vec, axis)
 
-    def rewrite(self, model: Any, match: Any) -> None:
-        node, mul, ci, vec, axis = match
-        set_channel_axis(node, axis)
+    def rewrite(self, model: "Model", match: LinearIntoThresholds) -> None:
+        node, mul, vec = match.node, match.lin, match.vec
+        set_channel_axis(node, match.axis)
         rt = real_thresholds_of(model, node)
         if len(vec) == 1 and vec[0] < 0:
             n = rt.shape[1]
@@ -187,7 +205,7 @@ class AbsorbMulIntoMultiThreshold(Rule):
             rt = rt.negated().scaled(np.array([-vec[0]], dtype=object))
         else:
             rt = rt.scaled(vec)
-        node.replace_input_with(0, mul.inputs[1 - ci])
+        node.replace_input_with(0, mul.inputs[1 - match.const_index])
         model.remove_node(mul)
         _set(model, node, rt)
 
@@ -201,6 +219,21 @@ def _weight_channel_axis(node: ir.Node) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class SignedScale:
+    """A match of AbsorbSignIntoWeights: ``node`` (the Mul, constant at input ``const_index``) scales the output
+    of ``prod`` (Conv/MatMul with integer weights ``w``) by ``vec`` along ``out_axis`` of its rank-``rank``
+    output."""
+
+    node: ir.Node
+    const_index: int
+    prod: ir.Node
+    w: np.ndarray
+    vec: np.ndarray
+    rank: int
+    out_axis: int
+
+
 @register_pass(group="absorb")
 class AbsorbSignIntoWeights(Rule):
     """Mul(Conv/MatMul(x, W), a) with per-channel a of mixed sign → Mul(Conv/MatMul(x, W·σ), |a|), σ = sign(a).
@@ -212,7 +245,7 @@ class AbsorbSignIntoWeights(Rule):
 
     op_types = ("Mul",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> SignedScale | None:
         c = const_operand(node)
         if c is None:
             return None
@@ -230,10 +263,11 @@ class AbsorbSignIntoWeights(Rule):
         vec = channel_vector(exact_value(node, c[1]), rank, out_axis)
         if vec is None or len(vec) == 1 or not any(v < 0 for v in vec):
             return None
-        return node, c, prod, w, vec, rank, out_axis
+        return SignedScale(node, c[0], prod, w, vec, rank, out_axis)
 
-    def rewrite(self, model: Any, match: Any) -> None:
-        node, (ci, _), prod, w, vec, rank, out_axis = match
+    def rewrite(self, model: "Model", match: SignedScale) -> None:
+        node, ci, prod, w, vec, rank, out_axis = (match.node, match.const_index, match.prod, match.w, match.vec,
+                                                  match.rank, match.out_axis)
         signs = np.array([-1.0 if v < 0 else 1.0 for v in vec], dtype=np.float32)
         waxis = _weight_channel_axis(prod)
         shape = [1] * w.ndim
@@ -259,7 +293,7 @@ class AbsorbSignBiasIntoMultiThreshold(Rule):
 
     op_types = ("Add",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         c = const_operand(node)
         if c is None:
             return None
@@ -271,7 +305,7 @@ class AbsorbSignBiasIntoMultiThreshold(Rule):
             return self.miss(node, "bias after MultiThreshold is not a scalar integer")
         return node, mt, float(np.asarray(c[1]).ravel()[0])
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, mt, b = match
         bias = float(mt.attributes["out_bias"].value) if "out_bias" in mt.attributes else 0.0
         mt.attributes["out_bias"] = ir.AttrFloat32("out_bias", bias + b)

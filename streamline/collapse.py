@@ -7,23 +7,23 @@ exact constants (see :mod:`streamline.exact`) are the exact products and sums of
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
 
+from finnlite.graphutil import is_standard_domain, rank_of
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import const_operand, exact_value, new_const_node, set_exact, to_float32
 from streamline.real_thresholds import RealThresholds, fractions_of, set_real_thresholds
 
+if TYPE_CHECKING:
+    from finnlite.model import Model
+
 
 def _single_use(v: ir.Value) -> bool:
     return len(v.uses()) == 1 and not v.is_graph_output()
-
-
-def _rank(v: ir.Value) -> int | None:
-    return len(v.shape) if v.shape is not None else None
 
 
 @register_pass(group="collapse")
@@ -36,23 +36,23 @@ class BatchNormToAffine(Rule):
 
     op_types = ("BatchNormalization",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         params = [const_array(v) for v in node.inputs[1:5]]
         if len(params) != 4 or any(p is None for p in params):
             return self.miss(node, "BatchNorm parameters are not constant")
         if len(node.outputs) > 1 and any(o.uses() for o in node.outputs[1:]):
             return self.miss(node, "training-mode BatchNorm outputs are used")
-        if _rank(node.inputs[0]) is None:
+        if rank_of(node.inputs[0], constants=False) is None:
             return self.miss(node, "input rank unknown")
         return node, params
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (gamma, beta, mean, var) = match
         eps = float(node.attributes["epsilon"].value) if "epsilon" in node.attributes else 1e-5
         g, b, mu, v = (np.asarray(p, dtype=np.float64).ravel() for p in (gamma, beta, mean, var))
         a = g / np.sqrt(v + np.float64(np.float32(eps)))
         bias = b - mu * a
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         y = node.outputs[0]
         mul = new_const_node(model, "Mul", node.inputs[0], fractions_of(a), rank, 1, y, f"{node.name}_mul")
         add = new_const_node(model, "Add", mul.outputs[0], fractions_of(bias), rank, 1, y, f"{node.name}_add")
@@ -67,7 +67,7 @@ class ConvertDivToMul(Rule):
 
     op_types = ("Div",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         c = const_array(node.inputs[1])
         if c is None or const_array(node.inputs[0]) is not None:
             return self.miss(node, "divisor is not a constant")
@@ -75,7 +75,7 @@ class ConvertDivToMul(Rule):
             return self.miss(node, "divisor has a zero or non-finite value")
         return node, c
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, c = match
         exact = exact_value(node, c)
         recip = np.empty(exact.shape, dtype=object)
@@ -95,13 +95,13 @@ class _CollapseRepeated(Rule):
 
     op: str = ""
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         outer = const_operand(node)
         if outer is None:
             return None
         x = node.inputs[1 - outer[0]]
         inner_node = x.producer()
-        if inner_node is None or inner_node.op_type != self.op or inner_node.domain not in ("", "ai.onnx"):
+        if inner_node is None or inner_node.op_type != self.op or not is_standard_domain(inner_node.domain):
             return None
         inner = const_operand(inner_node)
         if inner is None:
@@ -110,7 +110,7 @@ class _CollapseRepeated(Rule):
             return self.miss(node, f"the preceding {self.op} output is forked")
         return node, outer, inner_node, inner
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (oi, oval), inner_node, (ii, ival) = match
         a, b = exact_value(inner_node, ival), exact_value(node, oval)
         combined = a * b if self.op == "Mul" else a + b
@@ -149,7 +149,7 @@ class MoveAddPastMul(Rule):
 
     op_types = ("Mul",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         mul = const_operand(node)
         if mul is None:
             return None
@@ -164,7 +164,7 @@ class MoveAddPastMul(Rule):
             return self.miss(node, "the preceding Add is forked")
         return node, mul, add_node, add
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (mi, mval), add_node, (ai, aval) = match
         a, b = exact_value(node, mval), exact_value(add_node, aval)
         ab = np.asarray(a * b, dtype=object)
@@ -190,16 +190,18 @@ class ConvertSignToThreshold(Rule):
     Algebra: Sign(x) = [x ≥ 0] + [x > 0] − 1 ∈ {−1, 0, 1}: two thresholds at 0, the second strict."""
 
     op_types = ("Sign",)
+    aliases = ("ConvertSignToThres",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         return node
 
-    def rewrite(self, model: Any, node: ir.Node) -> None:
+    def rewrite(self, model: "Model", node: ir.Node) -> None:
         from streamline.absorb import materialize  # absorb owns threshold materialization
 
         rt = RealThresholds(np.array([[Fraction(0), Fraction(0)]], dtype=object), np.array([[False, True]]))
         thr = model.add_initializer(np.zeros((1, 2), np.float32), prefix=f"{node.name}_thr")
-        layout = "NCHW" if _rank(node.inputs[0]) == 4 else ("NC" if _rank(node.inputs[0]) == 2 else "")
+        rank = rank_of(node.inputs[0], constants=False)
+        layout = "NCHW" if rank == 4 else ("NC" if rank == 2 else "")
         mt = ir.Node("qonnx.custom_op.general", "MultiThreshold", [node.inputs[0], thr],
                      attributes=[ir.AttrString("out_dtype", "INT2"), ir.AttrFloat32("out_bias", -1.0),
                                  ir.AttrString("data_layout", layout)],
@@ -217,7 +219,7 @@ class CollapseRepeatedTranspose(Rule):
 
     op_types = ("Transpose",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         inner = node.inputs[0].producer()
         if inner is None or inner.op_type != "Transpose" or not _single_use(node.inputs[0]):
             return None
@@ -225,7 +227,7 @@ class CollapseRepeatedTranspose(Rule):
             return self.miss(node, "Transpose without an explicit perm")
         return node, inner
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, inner = match
         p, q = list(inner.attributes["perm"].value), list(node.attributes["perm"].value)
         perm = [p[i] for i in q]
@@ -247,7 +249,7 @@ class CollapseRepeatedReshape(Rule):
 
     op_types = ("Reshape",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         inner = node.inputs[0].producer()
         if inner is None or inner.op_type not in ("Reshape", "Flatten") or not _single_use(node.inputs[0]):
             return None
@@ -256,7 +258,7 @@ class CollapseRepeatedReshape(Rule):
             return self.miss(node, "outer shape is not constant or copies a dimension")
         return node, inner
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, inner = match
         node.replace_input_with(0, inner.inputs[0])
         model.remove_node(inner)

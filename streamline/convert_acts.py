@@ -35,12 +35,12 @@ from custom_ops.bipolar_quant import bipolar_quant
 from custom_ops.quant import max_int, min_int, quant
 from custom_ops.registry import QONNX_DOMAIN, is_standard_domain
 from finnlite.datatypes import BaseDataType, DataType, int_type, smallest_int_type
+from finnlite.graphutil import add_constant, annotate, rank_of, take_over
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.convert_common import (DEFAULT_MAX_THRESHOLD_BITS, FLOAT32, QUANT_OPS, BitLimit, Channels,
-                                       Unsupported, add_constant, annotate, channels_of, const_input, custom_op,
-                                       drop_unused, ensure_custom_domain, is_custom, layout_for, positive_scale,
-                                       rank_of, scalar_int, take_over)
+                                       Unsupported, channels_of, const_input, custom_op, drop_unused,
+                                       ensure_custom_domain, is_custom, layout_for, positive_scale, scalar_int)
 from streamline.real_thresholds import RealThresholds, quant_real_thresholds, set_real_thresholds
 from streamline.thresholds import StepFunction, check_thresholds, float32_to_key, least_float32_reaching
 from finnlite.policies import equality
@@ -260,7 +260,8 @@ def emit_multithreshold(model: "Model", node: ir.Node, x_in: ir.Value, q: StepQu
         thresholds = thresholds[:1]
     y = node.outputs[0]
     base = node.name or y.name
-    t_init = add_constant(model, np.ascontiguousarray(thresholds, dtype=np.float32), prefix=f"{base}_thresholds")
+    t_init = add_constant(model, np.ascontiguousarray(thresholds, dtype=np.float32), prefix=f"{base}_thresholds",
+                          datatype=FLOAT32)
     attrs: list[Any] = [ir.AttrString("out_dtype", q.mt_dtype.name), ir.AttrFloat32("out_scale", q.out_scale),
                         ir.AttrFloat32("out_bias", q.out_bias)]
     if q.channels.axis is not None and thresholds.shape[0] > 1:
@@ -274,14 +275,15 @@ def emit_multithreshold(model: "Model", node: ir.Node, x_in: ir.Value, q: StepQu
     for op_type, param, dtype in (("Add", q.addend, q.add_dtype), ("Mul", q.mult, FLOAT32)):
         if param is None:
             continue
-        c = add_constant(model, q.channels.shaped(param).astype(np.float32), prefix=f"{base}_{op_type.lower()}")
+        c = add_constant(model, q.channels.shaped(param).astype(np.float32), prefix=f"{base}_{op_type.lower()}",
+                         datatype=FLOAT32)
         out = model.make_value_like(y, prefix=f"{base}_{op_type.lower()}_out")
         new_nodes.append(ir.Node("", op_type, [cur, c], outputs=[out], name=f"{base}_{op_type}"))
         annotations.append((out, dtype))
         cur = out
     model.graph.insert_after(node, new_nodes)
     for value, dtype in annotations:
-        annotate(model, value, dtype)
+        annotate(value, dtype)
     take_over(model, y, cur)
     params = list(node.inputs[1:])
     model.remove_node(node)

@@ -15,6 +15,7 @@ import onnx_ir as ir
 from custom_ops.registry import QONNX_DOMAIN, is_custom_domain, make_op
 from finnlite.datatypes import BaseDataType, DataType
 from finnlite.errors import FinnliteError
+from finnlite.graphutil import add_constant, annotate, take_over
 from finnlite.shapes import const_array
 
 if TYPE_CHECKING:
@@ -73,14 +74,6 @@ def scalar_int(arr: np.ndarray, what: str) -> int:
     if arr.size != 1 or float(arr.reshape(-1)[0]) != int(arr.reshape(-1)[0]):
         raise Unsupported(f"the {what} is not a single integer")
     return int(arr.reshape(-1)[0])
-
-
-def rank_of(v: ir.Value) -> int | None:
-    """The rank of ``v`` if its shape is known."""
-    if v.shape is not None:
-        return len(v.shape)
-    arr = const_array(v)
-    return None if arr is None else arr.ndim
 
 
 # -- channel axes ---------------------------------------------------------------------------------------------
@@ -157,36 +150,11 @@ def ensure_custom_domain(model: "Model") -> None:
     model.graph.opset_imports.setdefault(QONNX_DOMAIN, 1)
 
 
-def annotate(model: "Model", value: ir.Value, datatype: BaseDataType | str) -> None:
-    """Set the ``finn_datatype`` annotation of ``value``."""
-    model.set_tensor_datatype(value.name, datatype)
-
-
-def add_constant(model: "Model", array: np.ndarray, prefix: str, datatype: BaseDataType | str | None = "FLOAT32"
-                 ) -> ir.Value:
-    """A new float32 (unless ``array`` has another dtype) initializer, annotated with ``datatype``."""
-    v = model.add_initializer(np.asarray(array), prefix=prefix)
-    if datatype is not None:
-        annotate(model, v, datatype)
-    return v
-
-
-def take_over(model: "Model", old: ir.Value, new: ir.Value, old_suffix: str = "replaced") -> None:
-    """Make every consumer of ``old`` (and the graph output, if it is one) read ``new``, and give ``new`` the name
-    of ``old`` (which gets a fresh one, ``<name>_<old_suffix>_<k>``), so that tensor names downstream do not
-    change."""
-    name = old.name
-    old.replace_all_uses_with(new, replace_graph_outputs=True)
-    old.name = model.make_new_valueinfo_name(f"{name}_{old_suffix}")
-    new.name = name
-    model.index_value(new)
-
-
 def append_binary(model: "Model", value: ir.Value, op_type: str, const: np.ndarray, *, name: str,
                   datatype: BaseDataType | str = "FLOAT32") -> tuple[ir.Node, ir.Value]:
     """Insert ``op_type(value, const)`` right after the producer of ``value`` and make every former consumer of
     ``value`` read its result, which takes over ``value``'s name. Returns the node and its output."""
-    c = add_constant(model, np.asarray(const, dtype=np.float32), prefix=f"{name}_param")
+    c = add_constant(model, np.asarray(const, dtype=np.float32), prefix=f"{name}_param", datatype="FLOAT32")
     out = model.make_value_like(value, prefix=f"{name}_out")
     take_over(model, value, out, old_suffix=f"before_{op_type.lower()}")
     node = ir.Node("", op_type, [value, c], outputs=[out], name=name)
@@ -195,7 +163,7 @@ def append_binary(model: "Model", value: ir.Value, op_type: str, const: np.ndarr
         model.graph.insert_after(producer, node)
     else:
         model.graph.insert_before(next(iter(model.graph)), node)
-    annotate(model, out, datatype)
+    annotate(out, datatype)
     return node, out
 
 

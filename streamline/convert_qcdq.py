@@ -49,9 +49,10 @@ from custom_ops.quant import max_int, min_int, quant
 from custom_ops.registry import QONNX_DOMAIN, is_standard_domain
 from finnlite.datatypes import smallest_int_type
 from finnlite.errors import OpError
+from finnlite.graphutil import add_constant, take_over
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
-from streamline.convert_common import add_constant, drop_unused, ensure_custom_domain, take_over
+from streamline.convert_common import drop_unused, ensure_custom_domain
 from finnlite.policies import equality
 
 if TYPE_CHECKING:

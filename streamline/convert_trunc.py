@@ -26,12 +26,13 @@ from custom_ops.registry import QONNX_DOMAIN, is_standard_domain, make_op
 from custom_ops.trunc import trunc_v2
 from finnlite.datatypes import BaseDataType, DataType, is_integer_type, smallest_int_type
 from finnlite.errors import FinnliteError
+from finnlite.graphutil import add_constant, annotate, rank_of, take_over
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.convert_acts import StepQuantizer, emit_multithreshold, solve_thresholds
-from streamline.convert_common import (DEFAULT_MAX_THRESHOLD_BITS, FLOAT32, BitLimit, Unsupported, add_constant,
-                                       annotate, channels_of, const_input, drop_unused, ensure_custom_domain,
-                                       is_custom, positive_scale, rank_of, scalar_int, take_over)
+from streamline.convert_common import (DEFAULT_MAX_THRESHOLD_BITS, FLOAT32, BitLimit, Unsupported, channels_of,
+                                       const_input, drop_unused, ensure_custom_domain, is_custom, positive_scale,
+                                       scalar_int)
 from finnlite.policies import equality
 
 if TYPE_CHECKING:
@@ -255,13 +256,13 @@ class AvgPoolAndTruncToQuantAvgPool(Rule):
         new_nodes = [qap]
         cur = qap_out
         if float(m.out_mult) != 1.0:
-            c = add_constant(model, m.out_mult, prefix=f"{base}_scale")
+            c = add_constant(model, m.out_mult, prefix=f"{base}_scale", datatype=FLOAT32)
             cur = model.make_value_like(y, prefix=f"{base}_scaled")
             new_nodes.append(ir.Node("", "Mul", [qap_out, c], outputs=[cur], name=f"{base}_Mul"))
         model.graph.insert_after(m.trunc, new_nodes)
-        annotate(model, qap_out, m.out_dtype)
+        annotate(qap_out, m.out_dtype)
         if cur is not qap_out:
-            annotate(model, cur, FLOAT32)
+            annotate(cur, FLOAT32)
         take_over(model, y, cur)
         leftovers = list(m.trunc.inputs[1:]) + list(m.pool.inputs)
         model.remove_node(m.trunc)

@@ -37,11 +37,11 @@ from custom_ops.common import by_rows
 from custom_ops.quant import max_int, min_int, quant
 from custom_ops.registry import is_standard_domain
 from finnlite.datatypes import BaseDataType, DataType, int_type, smallest_int_type
+from finnlite.graphutil import add_constant, annotate, rank_of, take_over
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
-from streamline.convert_common import (FLOAT32, QUANT_OPS, Unsupported, add_constant, annotate, append_binary,
-                                       const_input, custom_op, drop_unused, is_custom, positive_scale, scalar_int,
-                                       take_over)
+from streamline.convert_common import (FLOAT32, QUANT_OPS, Unsupported, append_binary, const_input, custom_op,
+                                       drop_unused, is_custom, positive_scale, scalar_int)
 from finnlite.policies import DEFAULT_POLICY, Equality
 
 if TYPE_CHECKING:
@@ -250,7 +250,7 @@ def plan_after(model: "Model", consumer: ir.Node, index: int, shape: tuple[int, 
         indices = consumer.inputs[1]
         if axes == {axis}:
             return _After(consumer, full, gather=(indices, axis))
-        idx_rank = _rank(indices)
+        idx_rank = rank_of(indices)
         if idx_rank is None:
             raise Unsupported("the rank of the Gather indices is unknown")
         return _After(consumer, full.reshape(full.shape[:axis] + (1,) * idx_rank + full.shape[axis + 1:]))
@@ -258,15 +258,6 @@ def plan_after(model: "Model", consumer: ir.Node, index: int, shape: tuple[int, 
         return _After(consumer, scale.reshape((1,) * (rank - scale.ndim) + scale.shape) if not per_tensor
                       else s_scalar)
     raise Unsupported(f"cannot move a scale past a {op} consumer")
-
-
-def _rank(v: ir.Value | None) -> int | None:
-    if v is None:
-        return None
-    if v.shape is not None:
-        return len(v.shape)
-    arr = const_array(v)
-    return None if arr is None else arr.ndim
 
 
 def is_bias_use(node: ir.Node, index: int, depth: int = 0) -> bool:
@@ -377,13 +368,14 @@ class FoldQuantWeights(Rule):
             for op_type, param in (("Add", addend), ("Mul", None if np.all(w.scale == 1) else w.scale)):
                 if param is None:
                     continue
-                c = add_constant(model, np.asarray(param, dtype=np.float32), prefix=f"{base}_{op_type.lower()}")
+                c = add_constant(model, np.asarray(param, dtype=np.float32), prefix=f"{base}_{op_type.lower()}",
+                                 datatype=FLOAT32)
                 out = model.make_value_like(y, prefix=f"{base}_{op_type.lower()}_out")
                 chain.append(ir.Node("", op_type, [cur, c], outputs=[out], name=f"{base}_{op_type}"))
                 cur = out
             model.graph.insert_after(node, chain)
             for n in chain:
-                annotate(model, n.outputs[0], FLOAT32)
+                annotate(n.outputs[0], FLOAT32)
             take_over(model, y, cur)
             _remove(model, node)
             return
@@ -409,7 +401,7 @@ def _rewrite_after(model: "Model", plan: _After, base: str) -> None:
                               outputs=[new_out], name=consumer.name)
         model.graph.insert_after(consumer, replacement)
         take_over(model, old_out, new_out)
-        annotate(model, new_out, FLOAT32)
+        annotate(new_out, FLOAT32)
         dropped = consumer.inputs[plan.drop_input]
         model.remove_node(consumer)
         if not isinstance(plan.bias, ir.Value):
@@ -419,7 +411,7 @@ def _rewrite_after(model: "Model", plan: _After, base: str) -> None:
     name = f"{consumer.name or base}_weight_scale"
     if plan.gather is not None:
         indices, axis = plan.gather
-        table = add_constant(model, plan.factor.astype(np.float32), prefix=f"{name}_table")
+        table = add_constant(model, plan.factor.astype(np.float32), prefix=f"{name}_table", datatype=FLOAT32)
         factor = model.make_value(f"{name}_gathered", shape=None)
         g = ir.Node("", "Gather", [table, indices], attributes=[ir.AttrInt64("axis", axis)], outputs=[factor],
                     name=f"{name}_Gather")
@@ -427,8 +419,8 @@ def _rewrite_after(model: "Model", plan: _After, base: str) -> None:
         take_over(model, out, mul_out)
         mul = ir.Node("", "Mul", [out, factor], outputs=[mul_out], name=name)
         model.graph.insert_after(consumer, [g, mul])
-        annotate(model, factor, FLOAT32)
-        annotate(model, mul_out, FLOAT32)
+        annotate(factor, FLOAT32)
+        annotate(mul_out, FLOAT32)
         last = mul
     else:
         last, _ = append_binary(model, out, "Mul", plan.factor, name=name)
@@ -441,4 +433,4 @@ def _rewrite_after(model: "Model", plan: _After, base: str) -> None:
             take_over(model, mul_out, add_out)
             add = ir.Node("", "Add", [mul_out, plan.bias], outputs=[add_out], name=f"{consumer.name or base}_bias")
             model.graph.insert_after(last, add)
-            annotate(model, add_out, FLOAT32)
+            annotate(add_out, FLOAT32)

@@ -16,12 +16,12 @@ import onnx_ir as ir
 
 from custom_ops.multithreshold import channel_axis_of
 from finnlite.errors import PassError
+from finnlite.graphutil import add_constant, rank_of
 from finnlite.passes import Miss
 from finnlite.shapes import const_array
 from streamline.exact import EXACT_KEY, exact_value, set_exact
-from streamline.lower_common import (TO_NHWC, Perm, add_const, annotated_or_values, attr, copy_annotations,
-                                     identity, inverse, is_op, new_value, permute_layout, set_attr, then,
-                                     transpose_perm)
+from streamline.lower_common import (TO_NHWC, Perm, annotated_or_values, attr, copy_annotations, identity, inverse,
+                                     is_op, new_value, permute_layout, set_attr, then, transpose_perm)
 from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
 
 if TYPE_CHECKING:
@@ -51,13 +51,6 @@ class Rep:
     @property
     def plain(self) -> bool:
         return self.cols is None and self.perm == identity(len(self.perm))
-
-
-def _rank(v: ir.Value) -> int | None:
-    if v.shape is not None:
-        return len(v.shape)
-    arr = const_array(v)
-    return None if arr is None else arr.ndim
 
 
 def _shape(v: ir.Value) -> tuple[int, ...] | None:
@@ -96,15 +89,15 @@ class LayoutWalk:
     def rep(self, v: ir.Value) -> Rep:
         r = self.env.get(v)
         if r is None:
-            rank = _rank(v)
+            rank = rank_of(v)
             r = Rep(v, identity(rank) if rank is not None else ())
         return r
 
     def _logical_layout(self, v: ir.Value) -> list[str] | None:
         if v not in self.logical:
             lay = self.model.get_tensor_layout(v.name) if v.name else None
-            if lay is None or len(lay) != (_rank(v) or 0):
-                lay = DEFAULT_LAYOUT.get(_rank(v) or 0)
+            if lay is None or len(lay) != (rank_of(v) or 0):
+                lay = DEFAULT_LAYOUT.get(rank_of(v) or 0)
             self.logical[v] = lay
         return self.logical[v]
 
@@ -157,7 +150,7 @@ class LayoutWalk:
                         ) -> ir.Value:
         k = (v, key)
         if k not in self.consts:
-            new = add_const(self.model, fn(arr), f"{v.name}_nhwc", annotated_or_values(self.model, v, arr))
+            new = add_constant(self.model, fn(arr), f"{v.name}_nhwc", annotated_or_values(self.model, v, arr))
             self.consts[k] = new
         return self.consts[k]
 
@@ -174,7 +167,7 @@ class LayoutWalk:
         already that Transpose. The Transpose is kept; its consumers read the NHWC tensor."""
         graph = self.model.graph
         for x in list(graph.inputs):
-            if _rank(x) != 4 or self._logical_layout(x) != DEFAULT_LAYOUT[4]:
+            if rank_of(x) != 4 or self._logical_layout(x) != DEFAULT_LAYOUT[4]:
                 continue
             uses = list(x.uses())
             if not uses:
@@ -278,7 +271,7 @@ class LayoutWalk:
         _permute_exact(node, fn)
 
     def _elementwise(self, node: ir.Node, reps: list[Rep | None]) -> None:
-        out_rank = _rank(node.outputs[0])
+        out_rank = rank_of(node.outputs[0])
         dyn = [(i, v, r) for i, (v, r) in enumerate(zip(node.inputs, reps))
                if v is not None and r is not None and const_array(v) is None]
         cols = next((r.cols for _, _, r in dyn if r.cols is not None), None)
@@ -353,7 +346,7 @@ class LayoutWalk:
         from streamline.reduce import reduce_axes
 
         r, axes = reps[0], reduce_axes(node)
-        if r is None or r.cols is not None or axes is None or len(r.perm) != _rank(node.inputs[0]):
+        if r is None or r.cols is not None or axes is None or len(r.perm) != rank_of(node.inputs[0]):
             self._fallback(node, f"{node.op_type} of a tensor of unknown rank, axes or feature order")
             return
         new_axes = [j for j, a in enumerate(r.perm) if a in axes]
@@ -362,7 +355,7 @@ class LayoutWalk:
             set_attr(node, ir.AttrInt64s("axes", new_axes))
         else:
             arr = np.asarray(new_axes, np.int64)
-            k = add_const(self.model, arr, f"{node.name}_axes_nhwc", None)
+            k = add_constant(self.model, arr, f"{node.name}_axes_nhwc", None)
             if len(node.inputs) > 1:
                 self._set_input(node, 1, k)
             else:
@@ -394,7 +387,7 @@ class LayoutWalk:
         self._set_output(node.outputs[0], r.perm)
 
     def _concat(self, node: ir.Node, reps: list[Rep | None]) -> None:
-        rank = _rank(node.outputs[0])
+        rank = rank_of(node.outputs[0])
         dyn = [r for v, r in zip(node.inputs, reps) if v is not None and r is not None and const_array(v) is None]
         if rank is None or any(r.cols is not None or len(r.perm) != rank for r in dyn):
             self._fallback(node, "Concat of tensors of another rank or feature order")

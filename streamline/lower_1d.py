@@ -14,20 +14,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx_ir as ir
 
+from finnlite.graphutil import add_constant, is_standard_domain, rank_of
 from finnlite.passes import Miss, Transformation, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import EXACT_KEY, exact_value, set_exact
-from streamline.lower_common import add_const, annotated_or_values, attr, set_attr
+from streamline.lower_common import annotated_or_values, attr, set_attr
 
 if TYPE_CHECKING:
     from finnlite.model import Model
 
 _ELEMENTWISE = ("Mul", "Add", "Sub", "Relu", "Identity")
 _SPATIAL = ("Conv", "MaxPool", "AveragePool")
-
-
-def _rank(v: ir.Value | None) -> int | None:
-    return None if v is None or v.shape is None else len(v.shape)
 
 
 @register_pass(group="lower")
@@ -49,8 +46,8 @@ class Change3DTo4DTensors(Transformation):
     def apply(self, model: "Model") -> bool:
         self.misses = []
         const = {name for name in model.graph.initializers}
-        three = [v for n in model.graph for v in n.outputs if _rank(v) == 3]
-        three += [v for v in model.graph.inputs if _rank(v) == 3 and v.name not in const]
+        three = [v for n in model.graph for v in n.outputs if rank_of(v, constants=False) == 3]
+        three += [v for v in model.graph.inputs if rank_of(v, constants=False) == 3 and v.name not in const]
         if not three:
             return False
         reason = self._unsupported(model, three)
@@ -85,7 +82,7 @@ class Change3DTo4DTensors(Transformation):
     @staticmethod
     def _node_reason(node: ir.Node) -> str | None:
         op = node.op_type
-        if op in _SPATIAL and node.domain in ("", "ai.onnx"):
+        if op in _SPATIAL and is_standard_domain(node.domain):
             kernel = attr(node, "kernel_shape", None)
             if op == "Conv":
                 w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
@@ -103,7 +100,7 @@ class Change3DTo4DTensors(Transformation):
             if t is None or (t.shape[0] > 1 and layout.find("C") != 1):
                 return "a per-channel MultiThreshold whose channels are not on axis 1"
             return None
-        if op in _ELEMENTWISE and node.domain in ("", "ai.onnx"):
+        if op in _ELEMENTWISE and is_standard_domain(node.domain):
             for v in node.inputs:
                 arr = const_array(v) if v is not None else None
                 if arr is not None and arr.ndim > 3:
@@ -111,7 +108,7 @@ class Change3DTo4DTensors(Transformation):
             return None
         if op == "Flatten" and int(attr(node, "axis", 1)) == 1:
             return None
-        if op == "Reshape" and _rank(node.outputs[0]) == 2:
+        if op == "Reshape" and rank_of(node.outputs[0], constants=False) == 2:
             return None
         return f"{op} has no 4-D form here"
 
@@ -127,7 +124,7 @@ class Change3DTo4DTensors(Transformation):
                     set_attr(node, ir.AttrInt64s(name, [int(value[0]), 1]))
             if op == "Conv":
                 w = const_array(node.inputs[1])
-                node.replace_input_with(1, add_const(model, w[..., None], f"{node.inputs[1].name}_2d",
+                node.replace_input_with(1, add_constant(model, w[..., None], f"{node.inputs[1].name}_2d",
                                                      annotated_or_values(model, node.inputs[1], w)))
         elif op == "MultiThreshold":
             layout = str(attr(node, "data_layout", "") or "")
@@ -139,7 +136,8 @@ class Change3DTo4DTensors(Transformation):
                 if arr is None or arr.size == 1:
                     continue
                 full = arr.reshape((1,) * (3 - arr.ndim) + arr.shape)[..., None]
-                node.replace_input_with(i, add_const(model, full, f"{v.name}_2d", annotated_or_values(model, v, arr)))
+                node.replace_input_with(i, add_constant(model, full, f"{v.name}_2d",
+                                                        annotated_or_values(model, v, arr)))
             if node.metadata_props.get(EXACT_KEY):
                 ex = exact_value(node, np.zeros(0))
                 if ex.size != 1:
@@ -151,7 +149,7 @@ class Change3DTo4DTensors(Transformation):
         if model.has_tensor_datatype(x.name):
             model.set_tensor_datatype(out.name, model.get_tensor_datatype(x.name))
         uses = list(x.uses())
-        k = add_const(model, np.asarray(shape, np.int64), f"{x.name}_shape4d")
+        k = add_constant(model, np.asarray(shape, np.int64), f"{x.name}_shape4d")
         node = ir.Node("", "Reshape", [x, k], outputs=[out], name=f"{x.name}_to_4d")
         model.graph.insert_before(next(iter(model.graph)), node)
         for u in uses:

@@ -1,4 +1,5 @@
-"""Small helpers shared by the lowering passes: permutations, annotations, new values and constants.
+"""Small helpers shared by the lowering passes: permutations, layouts, new values and annotations copied (adding a
+constant, annotating a value and a value taking over another are in :mod:`finnlite.graphutil`).
 
 Nothing here decides a rewrite; :mod:`streamline.lower_conv`, :mod:`streamline.layout`, :mod:`streamline.xnor`,
 :mod:`streamline.round_thresholds` and :mod:`streamline.topk` do.
@@ -14,11 +15,9 @@ import onnx_ir as ir
 
 from custom_ops.registry import QONNX_DOMAIN, is_custom_domain
 from finnlite.blockwise import all_blocks, all_integral
-from finnlite.datatypes import (BaseDataType, DataType, datatype_of_values, is_integer_type, parse_datatype,
-                                smallest_int_type)
+from finnlite.datatypes import BaseDataType, DataType, datatype_of_values, is_integer_type, smallest_int_type
+from finnlite.graphutil import annotate
 from finnlite.shapes import const_array, infer_node_shapes
-from finnlite.tensors import DepthwiseWeight
-from streamline.convert_common import take_over  # noqa: F401 - the one implementation, for the lower stage
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -108,33 +107,11 @@ def shape_of(model: "Model", v: ir.Value) -> tuple[int, ...] | None:
     return tuple(int(d) for d in shape)
 
 
-def annotate(v: ir.Value, datatype: BaseDataType | str | None = None, layout: Sequence[str] | None = None) -> None:
-    """Set the ``finn_datatype`` and/or ``tensor_layout`` annotation of ``v`` directly (also on a value that no
-    node produces yet, which :meth:`Model.set_tensor_datatype` cannot find by name); the format is Model's."""
-    ann = dict(v.meta.get(_QA_KEY) or {})
-    if datatype is not None:
-        ann[_DT_KEY] = parse_datatype(datatype).name
-    if layout is not None:
-        ann[_LAYOUT_KEY] = str([str(x) for x in layout])
-    v.meta[_QA_KEY] = ann
-
-
 def new_value(model: "Model", prefix: str, shape: Sequence[int] | None, datatype: BaseDataType | str | None,
               layout: Sequence[str] | None = None) -> ir.Value:
     """A new float32 value (to be a node output) with shape and ``finn_datatype``/``tensor_layout`` annotations."""
     v = model.make_value(prefix, shape=shape)
     annotate(v, datatype, layout)
-    return v
-
-
-def add_const(model: "Model", array: np.ndarray, prefix: str, datatype: BaseDataType | str | None = None
-              ) -> ir.Value:
-    """A new initializer holding ``array`` (or a :class:`~finnlite.tensors.DepthwiseWeight`, kept compact),
-    annotated with ``datatype`` if given."""
-    v = model.add_initializer(array if isinstance(array, DepthwiseWeight) else np.ascontiguousarray(array),
-                              prefix=prefix)
-    if datatype is not None:
-        model.set_tensor_datatype(v.name, datatype)
     return v
 
 

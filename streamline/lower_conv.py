@@ -18,12 +18,12 @@ import onnx_ir as ir
 from custom_ops.im2col import conv_output_dim
 from custom_ops.registry import QONNX_DOMAIN
 from finnlite.datatypes import is_integer_type
+from finnlite.graphutil import add_constant, is_standard_domain, take_over
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from finnlite.tensors import DepthwiseWeight, depthwise_matrix
-from streamline.lower_common import (TO_NCHW, TO_NHWC, add_const, annotated_or_values, attr, ensure_custom_domain,
-                                     fitting_datatype, new_value, set_tensor_sparsity, shape_of, take_over,
-                                     union_datatype)
+from streamline.lower_common import (TO_NCHW, TO_NHWC, annotated_or_values, attr, ensure_custom_domain,
+                                     fitting_datatype, new_value, set_tensor_sparsity, shape_of, union_datatype)
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -116,7 +116,7 @@ class LowerConvsToMatMul(Rule):
         self.dense_grouped = dense_grouped
 
     def match(self, model: "Model", node: ir.Node) -> Any:
-        if node.domain not in ("", "ai.onnx"):
+        if not is_standard_domain(node.domain):
             return None
         if len(node.inputs) > 2 and node.inputs[2] is not None:
             return self.miss(node, "the Conv has a bias input (ConvBiasToAdd moves it to an Add)")
@@ -178,7 +178,7 @@ class LowerConvsToMatMul(Rule):
         else:
             w_mat = values = conv_weight_matrix(m.weight, m.group)
         w_dt = fitting_datatype(annotated_or_values(model, node.inputs[1], m.weight), values)
-        w_val = add_const(model, w_mat, f"{name}_W", w_dt)
+        w_val = add_constant(model, w_mat, f"{name}_W", w_dt)
         if m.depthwise:
             set_tensor_sparsity(w_val, {"dw": {"kernel_shape": [kh, kw]}})
         out_dt = model.get_tensor_datatype(y.name) if model.has_tensor_datatype(y.name) else None

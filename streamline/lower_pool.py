@@ -6,20 +6,34 @@ least the stride, padding allowed); both read NHWC data.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
 from custom_ops.maxpoolnhwc import pool_output_dim
 from custom_ops.registry import QONNX_DOMAIN
-from finnlite.passes import Rule, register_pass
-from streamline.lower_common import TO_NCHW, TO_NHWC, attr, ensure_custom_domain, new_value, shape_of, take_over
+from finnlite.graphutil import is_standard_domain, take_over
+from finnlite.passes import Miss, Rule, register_pass
+from streamline.lower_common import TO_NCHW, TO_NHWC, attr, ensure_custom_domain, new_value, shape_of
 
 if TYPE_CHECKING:
     from finnlite.model import Model
 
 NHWC = ["N", "H", "W", "C"]
 NCHW = ["N", "C", "H", "W"]
+
+
+@dataclass(frozen=True)
+class MaxPoolMatch:
+    """A match of MakeMaxPoolNHWC: the MaxPool ``node``, its input's static NCHW ``shape`` and its attributes."""
+
+    node: ir.Node
+    shape: tuple[int, int, int, int]
+    kernel: list[int]
+    strides: list[int]
+    pads: list[int]
+    ceil_mode: int
 
 
 @register_pass(group="lower")
@@ -36,8 +50,8 @@ class MakeMaxPoolNHWC(Rule):
 
     op_types = ("MaxPool",)
 
-    def match(self, model: "Model", node: ir.Node) -> Any:
-        if node.domain not in ("", "ai.onnx"):
+    def match(self, model: "Model", node: ir.Node) -> MaxPoolMatch | Miss | None:
+        if not is_standard_domain(node.domain):
             return None
         if len(node.outputs) > 1 and (node.outputs[1].uses() or node.outputs[1].is_graph_output()):
             return self.miss(node, "the Indices output is used")
@@ -57,10 +71,11 @@ class MakeMaxPoolNHWC(Rule):
         if max(pads[0], pads[2]) >= kernel[0] or max(pads[1], pads[3]) >= kernel[1]:
             return self.miss(node, "padding is not smaller than the kernel")
         strides = [int(s) for s in attr(node, "strides", [1, 1])]
-        return node, x_shape, kernel, strides, pads, int(attr(node, "ceil_mode", 0))
+        return MaxPoolMatch(node, x_shape, kernel, strides, pads, int(attr(node, "ceil_mode", 0)))
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (n, c, h, w), kernel, strides, pads, ceil_mode = match
+    def rewrite(self, model: "Model", match: MaxPoolMatch) -> None:
+        node, (n, c, h, w), kernel, strides, pads = match.node, match.shape, match.kernel, match.strides, match.pads
+        ceil_mode = match.ceil_mode
         ensure_custom_domain(model)
         x, y = node.inputs[0], node.outputs[0]
         name = node.name or "MaxPool"

@@ -25,10 +25,11 @@ import onnx_ir as ir
 
 from finnlite.datatypes import is_integer_type, parse_datatype
 from finnlite.errors import ConfigError, DataTypeError
+from finnlite.graphutil import is_standard_domain, rank_of
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import channel_vector, exact_value
-from streamline.reorder import _conv_attrs, _linear_input, _padded, _rank
+from streamline.reorder import _conv_attrs, _linear_input, _padded
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -149,7 +150,7 @@ def _integer_through_scalar_muls(model: "Model", v: ir.Value) -> bool:
         if model.has_tensor_datatype(v.name) and is_integer_type(model.get_tensor_datatype(v.name)):
             return True
         p = v.producer()
-        if p is None or p.op_type != "Mul" or p.domain not in ("", "ai.onnx") or len(p.inputs) != 2:
+        if p is None or p.op_type != "Mul" or not is_standard_domain(p.domain) or len(p.inputs) != 2:
             return False
         c = const_array(p.inputs[1])
         if c is None or c.size != 1:
@@ -179,7 +180,7 @@ class MoveAddPastPaddedConv(Rule):
             return None
         if not _integer_through_scalar_muls(model, lin[0].inputs[1 - lin[1]]):
             return None
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         shape = model.get_tensor_shape(node.inputs[0].name)
         if rank is None or shape is None or any(d is None for d in shape) or node.outputs[0].shape is None:
             return self.miss(node, "unknown shapes")

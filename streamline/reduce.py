@@ -10,17 +10,19 @@ attribute (before), which the NHWC conversion renumbers.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
 
 from finnlite.datatypes import is_integer_type
+from finnlite.graphutil import is_standard_domain
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import const_operand, exact_value, set_exact, to_float32
 
-_STD = ("", "ai.onnx")
+if TYPE_CHECKING:
+    from finnlite.model import Model
 
 
 def reduce_axes(node: ir.Node) -> list[int] | None:
@@ -77,10 +79,10 @@ class MoveLinearPastReduce(Rule):
 
     op_types = ("ReduceMean", "ReduceSum")
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         x = node.inputs[0]
         lin = x.producer() if x is not None else None
-        if lin is None or lin.op_type not in ("Mul", "Add") or lin.domain not in _STD:
+        if lin is None or lin.op_type not in ("Mul", "Add") or not is_standard_domain(lin.domain):
             return None
         if len(x.uses()) != 1 or x.is_graph_output():
             return None
@@ -100,7 +102,7 @@ class MoveLinearPastReduce(Rule):
             value = np.asarray(value * n, dtype=object)
         return node, lin, c[0], value
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, lin, ci, value = match
         node.replace_input_with(0, lin.inputs[1 - ci])
         model.remove_node(lin)
@@ -126,7 +128,7 @@ class GlobalAverageToReduceSum(Rule):
 
     op_types = ("GlobalAveragePool", "ReduceMean")
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         x = node.inputs[0]
         if x is None or not model.has_tensor_datatype(x.name) or not is_integer_type(
                 model.get_tensor_datatype(x.name)):
@@ -139,7 +141,7 @@ class GlobalAverageToReduceSum(Rule):
             return self.miss(node, "the reduced axes have unknown sizes")
         return node, axes, n
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, axes, n = match
         y = node.outputs[0]
         opset = model.graph.opset_imports.get("", 13)

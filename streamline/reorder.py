@@ -9,21 +9,19 @@ docstring gives its algebra and the conditions under which it is exact.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
 
+from finnlite.graphutil import is_standard_domain, rank_of
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array, const_shape
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
 from streamline.real_thresholds import exact_sums, fractions_of
 
-_STD = ("", "ai.onnx")
-
-
-def _rank(v: ir.Value) -> int | None:
-    return len(v.shape) if v.shape is not None else None
+if TYPE_CHECKING:
+    from finnlite.model import Model
 
 
 def _linear_input(node: ir.Node, index: int, ops: tuple[str, ...]) -> Any:
@@ -33,7 +31,7 @@ def _linear_input(node: ir.Node, index: int, ops: tuple[str, ...]) -> Any:
     if v is None:
         return None
     lin = v.producer()
-    if lin is None or lin.op_type not in ops or lin.domain not in _STD:
+    if lin is None or lin.op_type not in ops or not is_standard_domain(lin.domain):
         return None
     if len(v.uses()) != 1 or v.is_graph_output():
         return None
@@ -71,7 +69,7 @@ class MoveScalarMulPastMatMul(Rule):
 
     op_types = ("MatMul",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul",))
         if lin is None or const_array(node.inputs[1]) is None:
             return None
@@ -81,7 +79,7 @@ class MoveScalarMulPastMatMul(Rule):
                                    "integer weights)")
         return node, lin, vec
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec = match
         _move_after(model, lin, ci, node, 0, np.array(vec[0], dtype=object))
 
@@ -93,28 +91,29 @@ class MoveAddPastMatMul(Rule):
     Algebra: (x + b)·W = x·W + b·W, with b·W computed exactly. Condition: the Add feeds only the MatMul."""
 
     op_types = ("MatMul",)
+    aliases = ("MoveScalarAddPastMatMul",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Add",))
         if lin is None:
             return None
         w_shape = const_shape(node.inputs[1])  # not the values: a depthwise weight would be made dense
         if w_shape is None or len(w_shape) != 2:
             return None
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, rank - 1) if rank else None
         if vec is None:
             return self.miss(node, "the Add before the MatMul varies along a non-feature axis")
         return node, lin, vec
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec = match
         w = const_array(node.inputs[1])
         k = w.shape[0]
         b = np.array([vec[0]] * k if len(vec) == 1 else list(vec), dtype=object)
         wf = fractions_of(w)
         bw = np.array([sum(b[i] * wf[i, n] for i in range(k)) for n in range(w.shape[1])], dtype=object)
-        _move_after(model, lin, ci, node, 0, bw.reshape(1, -1) if _rank(node.outputs[0]) else bw)
+        _move_after(model, lin, ci, node, 0, bw.reshape(1, -1) if rank_of(node.outputs[0], constants=False) else bw)
 
 
 def _conv_attrs(node: ir.Node) -> dict[str, Any]:
@@ -140,13 +139,14 @@ class MoveMulPastConv(Rule):
     MoveMulPastDWConv). Condition: the Mul feeds only the Conv; W is constant."""
 
     op_types = ("Conv",)
+    aliases = ("MoveScalarMulPastConv", "MoveMulPastDWConv")
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul",))
         w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if lin is None or w is None:
             return None
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
         if vec is None:
             return self.miss(node, "the Mul before the Conv varies along a spatial axis")
@@ -154,7 +154,7 @@ class MoveMulPastConv(Rule):
             return self.miss(node, "a per-channel Mul cannot pass a non-depthwise Conv with integer weights")
         return node, lin, vec, rank
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec, rank = match
         _move_after(model, lin, ci, node, 0, shaped_for_axis(vec, rank, 1))
 
@@ -168,20 +168,20 @@ class MoveAddPastConv(Rule):
 
     op_types = ("Conv",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Add",))
         w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if lin is None or w is None:
             return None
         if _padded(_conv_attrs(node)):
             return self.miss(node, "an Add cannot pass a padded Conv (the border would change)")
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
         if vec is None:
             return self.miss(node, "the Add before the Conv varies along a spatial axis")
         return node, lin, vec, w, rank
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec, w, rank = match
         group = int(_conv_attrs(node).get("group", 1))
         out_ch, in_per_group = w.shape[0], w.shape[1]
@@ -202,12 +202,13 @@ class MoveLinearPastMaxPool(Rule):
     channel (axis 1). A negative or zero factor would turn max into min: left in place."""
 
     op_types = ("MaxPool",)
+    aliases = ("MoveMulPastMaxPool",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul", "Add"))
         if lin is None or len(node.outputs) > 1 and node.outputs[1].uses():
             return None
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
         if vec is None:
             return self.miss(node, f"the {lin[0].op_type} before MaxPool varies along a spatial axis")
@@ -215,7 +216,7 @@ class MoveLinearPastMaxPool(Rule):
             return self.miss(node, "a non-positive scale cannot pass MaxPool")
         return node, lin, vec, rank
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec, rank = match
         _move_after(model, lin, ci, node, 0, shaped_for_axis(vec, rank, 1))
 
@@ -229,20 +230,20 @@ class MoveLinearPastAveragePool(Rule):
 
     op_types = ("AveragePool", "GlobalAveragePool")
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul", "Add"))
         if lin is None:
             return None
         attrs = _conv_attrs(node)
         if lin[0].op_type == "Add" and _padded(attrs) and int(attrs.get("count_include_pad", 0)):
             return self.miss(node, "an Add cannot pass an AveragePool that counts padding")
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
         if vec is None:
             return self.miss(node, f"the {lin[0].op_type} before AveragePool varies along a spatial axis")
         return node, lin, vec, rank
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec, rank = match
         _move_after(model, lin, ci, node, 0, shaped_for_axis(vec, rank, 1))
 
@@ -253,17 +254,17 @@ class MoveMulPastRelu(Rule):
 
     op_types = ("Relu",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul",))
         if lin is None:
             return None
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0], constants=False)
         vec = exact_value(lin[0], lin[2])
         if any(v <= 0 for v in vec.ravel()):
             return self.miss(node, "a non-positive scale cannot pass Relu")
         return node, lin, vec
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec = match
         _move_after(model, lin, ci, node, 0, vec)
 
@@ -275,7 +276,7 @@ class MoveScalarLinearPastInvariants(Rule):
 
     op_types = ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity")
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul", "Add"))
         if lin is None:
             return None
@@ -283,12 +284,12 @@ class MoveScalarLinearPastInvariants(Rule):
         if val.size == 1:
             return node, lin, np.asarray(val.ravel()[0], dtype=object)
         if node.op_type == "Transpose" and "perm" in node.attributes:
-            rank = _rank(node.inputs[0])
+            rank = rank_of(node.inputs[0], constants=False)
             if rank is None:
                 return None
             full = val.reshape((1,) * (rank - val.ndim) + val.shape)
             return node, lin, np.transpose(full, list(node.attributes["perm"].value))
-        out_rank = _rank(node.outputs[0])
+        out_rank = rank_of(node.outputs[0], constants=False)
         in_shape = node.inputs[0].shape
         if node.op_type in ("Reshape", "Flatten") and out_rank == 2 and in_shape is not None and len(in_shape) == 4:
             vec = channel_vector(val, 4, 1)
@@ -296,7 +297,7 @@ class MoveScalarLinearPastInvariants(Rule):
                 return node, lin, vec.reshape(1, -1)
         return self.miss(node, f"a non-scalar {lin[0].op_type} cannot pass {node.op_type} here")
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), new = match
         _move_after(model, lin, ci, node, 0, new)
 
@@ -309,9 +310,10 @@ class MoveLinearPastFork(Rule):
     the output is not a graph output."""
 
     op_types = ("Mul", "Add")
+    aliases = ("MoveAddPastFork", "MoveMulPastFork")
 
-    def match(self, model: Any, node: ir.Node) -> Any:
-        if node.domain not in _STD or const_operand(node) is None:
+    def match(self, model: "Model", node: ir.Node) -> Any:
+        if not is_standard_domain(node.domain) or const_operand(node) is None:
             return None
         y = node.outputs[0]
         uses = list(y.uses())
@@ -319,7 +321,7 @@ class MoveLinearPastFork(Rule):
             return None
         return node, uses
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, uses = match
         y = node.outputs[0]
         copies = []
@@ -350,7 +352,7 @@ class MoveLinearPastEltwiseAdd(Rule):
     #: the largest integer factor used to equalize unequal scales
     max_factor = 256
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         if const_operand(node) is not None or len(node.inputs) != 2:
             return None
         sides = [_linear_input(node, i, ("Mul", "Add")) for i in (0, 1)]
@@ -375,7 +377,7 @@ class MoveLinearPastEltwiseAdd(Rule):
                 return node, "ratio", sides[0], sides[1], (a.ravel()[0], ratio)
         return self.miss(node, "the branches' scales differ and their ratio is not a small fraction")
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, kind = match[0], match[1]
         if kind == "mul":
             _, _, (l, lci, _), (r, rci, _), a = match
@@ -418,9 +420,9 @@ class MoveLinearPastConcat(Rule):
 
     op_types = ("Concat",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         axis = int(node.attributes["axis"].value) if "axis" in node.attributes else 0
-        rank = _rank(node.outputs[0])
+        rank = rank_of(node.outputs[0], constants=False)
         if rank is None or axis % rank != 1:
             return None
         lins = [_linear_input(node, i, ("Mul", "Add")) for i in range(len(node.inputs))]
@@ -438,7 +440,7 @@ class MoveLinearPastConcat(Rule):
             vec = vec[:1]
         return node, lins, vec, rank
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, lins, vec, rank = match
         for i, (lin, ci, _) in enumerate(lins[1:], start=1):
             node.replace_input_with(i, lin.inputs[1 - ci])
@@ -456,7 +458,7 @@ class AbsorbIntegerMulIntoMultiThreshold(Rule):
 
     op_types = ("Mul",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         c = const_operand(node)
         if c is None or np.asarray(c[1]).size != 1:
             return None
@@ -467,7 +469,7 @@ class AbsorbIntegerMulIntoMultiThreshold(Rule):
             return None
         return node, mt, k
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, mt, k = match
         scale = float(mt.attributes["out_scale"].value) if "out_scale" in mt.attributes else 1.0
         bias = float(mt.attributes["out_bias"].value) if "out_bias" in mt.attributes else 0.0
@@ -488,7 +490,7 @@ class MoveLinearPastPad(Rule):
 
     op_types = ("Pad",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul", "Add"))
         if lin is None:
             return None
@@ -513,7 +515,7 @@ class MoveLinearPastPad(Rule):
             return self.miss(node, "the moved pad value is not exact in float32")
         return node, lin, new_v, val
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), new_v, val = match
         if new_v != 0 or len(node.inputs) > 2:
             k = model.add_initializer(np.array(float(new_v), np.float32), prefix=f"{node.name}_fill")

@@ -8,9 +8,10 @@ import numpy as np
 import onnx_ir as ir
 
 from finnlite.datatypes import BaseDataType, is_integer_type
+from finnlite.graphutil import add_constant
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
-from streamline.lower_common import add_const, is_op, union_datatype
+from streamline.lower_common import is_op, union_datatype
 from streamline.real_thresholds import get_real_thresholds
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class RoundAndClipThresholds(Rule):
 
     def rewrite(self, model: "Model", match: Any) -> None:
         node, new_t, tdt = match
-        t_val = add_const(model, new_t, f"{node.name or 'MultiThreshold'}_thresholds", tdt)
+        t_val = add_constant(model, new_t, f"{node.name or 'MultiThreshold'}_thresholds", tdt)
         old = node.inputs[1]
         node.replace_input_with(1, t_val)
         model.drop_if_unused(old)

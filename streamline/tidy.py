@@ -9,7 +9,7 @@ arithmetic.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
@@ -17,6 +17,9 @@ import onnx_ir as ir
 from finnlite.passes import Rule, Transformation, register_pass
 from finnlite.shapes import const_array
 from streamline.convert_qcdq import QCDQToQuant
+
+if TYPE_CHECKING:
+    from finnlite.model import Model
 
 _QUANT_OPS = ("Quant", "IntQuant", "BipolarQuant")
 
@@ -101,12 +104,12 @@ class GemmToMatMul(Rule):
 
     op_types = ("Gemm",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
             return self.miss(node, "Gemm without two inputs")
         return node
 
-    def rewrite(self, model: Any, node: ir.Node) -> None:
+    def rewrite(self, model: "Model", node: ir.Node) -> None:
         attrs = {k: a.value for k, a in node.attributes.items()}
         a, b = node.inputs[0], node.inputs[1]
         c = node.inputs[2] if len(node.inputs) > 2 else None
@@ -154,13 +157,14 @@ class ConvBiasToAdd(Rule):
     quantizer is)."""
 
     op_types = ("Conv", "ConvTranspose")
+    aliases = ("ExtractBiasFromConv",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         if len(node.inputs) < 3 or node.inputs[2] is None:
             return None
         return node
 
-    def rewrite(self, model: Any, node: ir.Node) -> None:
+    def rewrite(self, model: "Model", node: ir.Node) -> None:
         bias = node.inputs[2]
         y = node.outputs[0]
         rank = len(y.shape) if y.shape is not None else 4
@@ -189,14 +193,15 @@ class SubToAdd(Rule):
     Exact: negation is exact in floating point and x − c = x + (−c) in IEEE arithmetic."""
 
     op_types = ("Sub",)
+    aliases = ("ConvertSubToAdd",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         c = const_array(node.inputs[1])
         if c is None:
             return self.miss(node, "subtrahend is not a constant")
         return node, c
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, c = match
         neg = model.add_initializer(np.negative(c), prefix=f"{node.inputs[1].name}_neg")
         add = ir.Node("", "Add", [node.inputs[0], neg], outputs=[model.make_value_like(node.outputs[0])],
@@ -219,7 +224,7 @@ class FoldTransposeIntoQuantInit(Rule):
 
     op_types = ("Transpose",)
 
-    def match(self, model: Any, node: ir.Node) -> Any:
+    def match(self, model: "Model", node: ir.Node) -> Any:
         w = node.inputs[0]
         q = w.producer() if w is not None else None
         if q is None or q.op_type not in _QUANT_OPS:
@@ -236,7 +241,7 @@ class FoldTransposeIntoQuantInit(Rule):
             return self.miss(node, "perm or parameter ranks do not fit the weight")
         return node, q, params, perm
 
-    def rewrite(self, model: Any, match: Any) -> None:
+    def rewrite(self, model: "Model", match: Any) -> None:
         node, q, params, perm = match
         rank = len(perm)
         inputs = [model.add_initializer(np.transpose(params[0], perm).copy(), prefix=f"{q.inputs[0].name}_T")]

@@ -11,11 +11,11 @@ import onnx_ir as ir
 from custom_ops.registry import QONNX_DOMAIN
 from finnlite.blockwise import all_in
 from finnlite.datatypes import DataType, smallest_int_type
+from finnlite.graphutil import add_constant, annotate, take_over
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from finnlite.tensors import DepthwiseWeight
-from streamline.lower_common import (add_const, annotate, attr, copy_annotations, ensure_custom_domain, is_op,
-                                     set_attr, take_over)
+from streamline.lower_common import attr, copy_annotations, ensure_custom_domain, is_op, set_attr
 from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class ConvertBipolarMatMulToXnorPopcount(Rule):
         name = node.name or "MatMul"
         binary = np.add(m.weight, 1, dtype=np.float32)  # (W + 1)/2, made in the one array the model keeps
         binary *= 0.5
-        w_bin = add_const(model, binary, f"{name}_Wbin", "BINARY")
+        w_bin = add_constant(model, binary, f"{name}_Wbin", "BINARY")
         p = model.make_value_like(y, f"{name}_popcount")
         annotate(p, smallest_int_type(0, k))
         xnor = ir.Node(QONNX_DOMAIN, "XnorPopcountMatMul", [node.inputs[0], w_bin], outputs=[p], name=name)
@@ -120,8 +120,8 @@ class ConvertBipolarMatMulToXnorPopcount(Rule):
         if m.threshold is not None:
             self._absorb_fixup(model, m.threshold, p, k)
         else:
-            two = add_const(model, np.array(2.0, np.float32), f"{name}_two")
-            minus_k = add_const(model, np.array(-k, np.float32), f"{name}_minus_k")
+            two = add_constant(model, np.array([2.0], np.float32), f"{name}_two")
+            minus_k = add_constant(model, np.array([-k], np.float32), f"{name}_minus_k")
             doubled = model.make_value_like(y, f"{name}_2p")
             annotate(doubled, smallest_int_type(0, 2 * k))
             out = model.make_value_like(y, f"{name}_dot")
@@ -140,7 +140,7 @@ class ConvertBipolarMatMulToXnorPopcount(Rule):
         [0, K]: a threshold at or below 0 is always passed, one above K never); real thresholds ``(R + K)/2``."""
         t = const_array(mt.inputs[1]).astype(np.float64)
         new_t = np.clip(np.ceil((np.ceil(t) + k) / 2), 0, k + 1).astype(np.float32)
-        t_val = add_const(model, new_t, f"{mt.name or 'MultiThreshold'}_thresholds", smallest_int_type(0, k + 1))
+        t_val = add_constant(model, new_t, f"{mt.name or 'MultiThreshold'}_thresholds", smallest_int_type(0, k + 1))
         rt = get_real_thresholds(mt)
         if rt is not None:
             set_real_thresholds(mt, rt.shifted(np.array(-k, dtype=np.float64)).scaled(np.array(2.0)))

@@ -11,6 +11,7 @@ rule's ``on_rewrite`` callback names the nodes it matched. The command line is `
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -18,7 +19,7 @@ from typing import Any, Sequence
 import onnx_ir as ir
 
 from finnlite.model import Model, as_model
-from finnlite.passes import PassManager, Rule, Stage
+from finnlite.passes import Pass, PassManager, PassRecord, Rule, Stage, _instantiate
 from finnlite.policies import DEFAULT_POLICY, Policy, resolve_policy
 from verify.hook import PassVerificationError, VerificationHook
 from verify.reference import ReferenceData
@@ -66,6 +67,8 @@ class BisectResult:
 def _describe_match(match: Any) -> str:
     if isinstance(match, ir.Node):
         return f"{match.op_type} '{node_label(match)}'"
+    if dataclasses.is_dataclass(match) and not isinstance(match, type):  # a rule's match record: its fields
+        match = [getattr(match, f.name) for f in dataclasses.fields(match)]
     if isinstance(match, dict):
         match = list(match.values())
     if isinstance(match, (list, tuple)):
@@ -101,11 +104,33 @@ def bisect_pipeline(model: Any, stages: Sequence[Stage], reference: ReferenceDat
         p, stage = manager.current
         result = BisectResult(False, err.stage, err.pass_name, err.iteration, message=str(err), node=err.node,
                               tensor=err.tensor, error=err)
+        p = _failing_pass(p, stage, err)
         if isinstance(p, Rule):
-            record = manager.report.records[-1] if manager.report.records else None
+            record = _failing_record(manager.report.records, err)
             _bisect_rule(p, resolve_policy(p, stage, policy), hook, getattr(record, "rewrites", None), result)
         return result
     return BisectResult(True)
+
+
+def _failing_pass(current: Pass, stage: Stage, err: PassVerificationError) -> Pass | None:
+    """The pass the error names. A stage checked as a whole fails at its end, after its last pass, and names the
+    first failing pass found by replaying the stage: that is one of the stage's passes, not ``current``."""
+    if err.pass_name == current.name:
+        return current
+    for q in stage.passes:
+        q = _instantiate(q)
+        if q.name == err.pass_name:
+            return q
+    return None  # a stage check of a single run names the stage: nothing to re-apply
+
+
+def _failing_record(records: Sequence[PassRecord], err: PassVerificationError) -> PassRecord | None:
+    """The record of the failing pass run (the last one of that pass in that stage and round)."""
+    for rec in reversed(records):
+        if rec.name == err.pass_name and rec.stage == err.stage and (err.iteration is None
+                                                                      or rec.iteration == err.iteration):
+            return rec
+    return None
 
 
 def _bisect_rule(rule: Rule, policy: Policy, hook: VerificationHook, total: int | None, result: BisectResult) -> None:

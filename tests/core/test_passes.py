@@ -172,3 +172,39 @@ def test_hooks_are_called_in_order_and_a_failed_run_keeps_its_partial_report():
     assert [(r.stage, r.name, r.changed) for r in manager.report.records] == [("a", "FoldAddChain", True)]
     assert isinstance(manager.current[0], Crash) and manager.current[1].name == "b"
     assert hook.calls[-2:] == [("before_pass", "Crash"), ("on_error", "RuntimeError")]
+
+
+def test_an_alias_resolves_and_cannot_shadow_a_pass_name():
+    from finnlite.passes import list_aliases
+
+    @register_pass(group="test")
+    class AliasedNoOp(Transformation):
+        """Does nothing."""
+
+        aliases = ("FinnNameOfAliasedNoOp",)
+
+        def apply(self, model):
+            return False
+
+    assert get_pass("FinnNameOfAliasedNoOp") is AliasedNoOp
+    assert list_aliases()["FinnNameOfAliasedNoOp"] == "AliasedNoOp"
+    with pytest.raises(PassError, match="already an alias of AliasedNoOp"):
+        @register_pass(group="test")
+        class FinnNameOfAliasedNoOp(Transformation):  # a pass named like an alias
+            def apply(self, model):
+                return False
+    with pytest.raises(PassError, match="alias 'AliasedNoOp' of .* is already a pass"):
+        @register_pass(group="test")
+        class ShadowingNoOp(Transformation):  # an alias named like a pass
+            aliases = ("AliasedNoOp",)
+
+            def apply(self, model):
+                return False
+    with pytest.raises(PassError, match="no pass named"):
+        get_pass("ShadowingNoOp")  # a refused registration leaves nothing behind
+
+    @register_pass(group="test")
+    class DerivedNoOp(AliasedNoOp):  # aliases are not inherited
+        pass
+
+    assert get_pass("FinnNameOfAliasedNoOp") is AliasedNoOp and get_pass("DerivedNoOp") is DerivedNoOp

@@ -84,3 +84,24 @@ def test_bisect_of_a_clean_pipeline() -> None:
 def test_command_line_reports_bad_input(tmp_path: Path, capsys) -> None:
     assert main(["bisect", str(tmp_path / "missing.onnx"), "-q"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_bisect_of_a_stage_checked_as_a_whole_reapplies_the_pass_it_names(caplog) -> None:
+    # the stage fails at its end, after its last pass (a correct Rule); the replay names RefreshConstants, and
+    # bisection must re-apply RefreshConstants (not the last pass) to find the rewrite
+    model = _adds()
+    stages = [Stage("tidy", [RenameNodes]), Stage("lower", [RefreshConstants, CommuteAdd], granularity="stage")]
+    result = bisect_pipeline(model, stages, ReferenceData.random(model, n=4), samples=2)
+    assert (result.stage, result.pass_name) == ("lower", "RefreshConstants")
+    assert (result.rewrite, result.rewrites) == (3, 6)
+    assert result.match == "Add 'renamed_Add_2'"
+    assert "did not reproduce" not in caplog.text
+
+
+def test_a_match_record_is_described_by_its_nodes() -> None:
+    from streamline.absorb import LinearIntoThresholds
+    from verify.bisect import _describe_match
+    import onnx_ir as ir
+
+    mt, add = ir.Node("qonnx.custom_op.general", "MultiThreshold", [], name="mt"), ir.Node("", "Add", [], name="a")
+    assert _describe_match(LinearIntoThresholds(mt, add, 1, np.array([1.0]), 1)) == "MultiThreshold 'mt', Add 'a'"

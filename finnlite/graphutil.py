@@ -1,0 +1,77 @@
+"""One vocabulary of small graph edits shared by the passes: the rank of a value, annotating a value, adding a
+constant, the standard ONNX domains, and a value taking over another's consumers and name.
+
+Nothing here decides a rewrite; the passes in :mod:`streamline` do. The annotation format is
+:class:`finnlite.model.Model`'s (``finn_datatype`` / ``tensor_layout`` under ``quant_parameter_tensor_names``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from finnlite.datatypes import BaseDataType, parse_datatype
+from finnlite.ops import STANDARD_DOMAINS, is_standard_domain
+from finnlite.shapes import const_array
+from finnlite.tensors import DepthwiseWeight
+
+if TYPE_CHECKING:
+    from finnlite.model import Model
+
+__all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "is_standard_domain", "rank_of", "take_over"]
+
+_QA_KEY = "quant_parameter_tensor_names"  # where Model keeps annotations (see finnlite.model)
+_DT_KEY = "finn_datatype"
+_LAYOUT_KEY = "tensor_layout"
+
+
+def rank_of(v: ir.Value | None, *, constants: bool = True) -> int | None:
+    """The rank of ``v`` if its shape is known (with ``constants``: else the rank of its constant value, if it has
+    one); None for a missing value or an unknown rank."""
+    if v is None:
+        return None
+    if v.shape is not None:
+        return len(v.shape)
+    if not constants:
+        return None
+    arr = const_array(v)
+    return None if arr is None else arr.ndim
+
+
+def annotate(v: ir.Value, datatype: BaseDataType | str | None = None, layout: Sequence[str] | None = None) -> None:
+    """Set the ``finn_datatype`` and/or ``tensor_layout`` annotation of ``v`` directly (also on a value that no
+    node produces yet, which :meth:`Model.set_tensor_datatype` cannot find by name)."""
+    ann = dict(v.meta.get(_QA_KEY) or {})
+    if datatype is not None:
+        ann[_DT_KEY] = parse_datatype(datatype).name
+    if layout is not None:
+        ann[_LAYOUT_KEY] = str([str(x) for x in layout])
+    v.meta[_QA_KEY] = ann
+
+
+def add_constant(model: "Model", array: np.ndarray | DepthwiseWeight, prefix: str,
+                 datatype: BaseDataType | str | None = None) -> ir.Value:
+    """A new initializer (name ``prefix`` made unique) holding ``array`` with its shape and element type (a
+    non-contiguous array is copied to a contiguous one; a :class:`~finnlite.tensors.DepthwiseWeight` is kept
+    compact), annotated with ``datatype`` if given."""
+    if not isinstance(array, DepthwiseWeight):
+        array = np.asarray(array)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+    v = model.add_initializer(array, prefix=prefix)
+    if datatype is not None:
+        annotate(v, datatype)
+    return v
+
+
+def take_over(model: "Model", old: ir.Value, new: ir.Value, old_suffix: str = "replaced") -> None:
+    """Make every consumer of ``old`` (and the graph output, if it is one) read ``new``, and give ``new`` the name
+    of ``old`` (which gets a fresh one, ``<name>_<old_suffix>_<k>``), so that tensor names downstream do not
+    change."""
+    name = old.name
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    old.name = model.make_new_valueinfo_name(f"{name}_{old_suffix}")
+    new.name = name
+    model.index_value(new)

@@ -1,0 +1,53 @@
+"""FINN's and qonnx's transformation names: each that finnlite implements resolves with ``get_pass``, either as the
+pass's own name or as an alias of the (possibly more general) rule that does it."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+import streamline
+from finnlite.passes import get_pass, list_aliases, list_passes
+
+for _module in pkgutil.iter_modules(streamline.__path__):  # register every pass of the package
+    importlib.import_module(f"streamline.{_module.name}")
+
+#: FINN/qonnx name -> the finnlite pass doing it
+FINN_NAMES = {
+    "MoveScalarMulPastConv": "MoveMulPastConv", "MoveMulPastDWConv": "MoveMulPastConv",
+    "ConvertSubToAdd": "SubToAdd", "ConvertDivToMul": "ConvertDivToMul",
+    "MoveMulPastMaxPool": "MoveLinearPastMaxPool", "MoveAddPastMul": "MoveAddPastMul",
+    "MoveScalarAddPastMatMul": "MoveAddPastMatMul", "MoveScalarMulPastMatMul": "MoveScalarMulPastMatMul",
+    "MoveAddPastConv": "MoveAddPastConv", "MoveLinearPastFork": "MoveLinearPastFork",
+    "MoveAddPastFork": "MoveLinearPastFork", "MoveMulPastFork": "MoveLinearPastFork",
+    "CollapseRepeatedMul": "CollapseRepeatedMul", "CollapseRepeatedAdd": "CollapseRepeatedAdd",
+    "AbsorbAddIntoMultiThreshold": "AbsorbAddIntoMultiThreshold",
+    "AbsorbMulIntoMultiThreshold": "AbsorbMulIntoMultiThreshold",
+    "AbsorbSignBiasIntoMultiThreshold": "AbsorbSignBiasIntoMultiThreshold",
+    "AbsorbTransposeIntoMultiThreshold": "AbsorbTransposeIntoMultiThreshold",
+    "AbsorbConsecutiveTransposes": "AbsorbConsecutiveTransposes",
+    "AbsorbScalarMulAddIntoTopK": "AbsorbScalarMulAddIntoTopK",
+    "ConvertSignToThres": "ConvertSignToThreshold", "RoundAndClipThresholds": "RoundAndClipThresholds",
+    "ConvertQuantActToMultiThreshold": "ConvertQuantActToMultiThreshold", "FoldQuantWeights": "FoldQuantWeights",
+    "AvgPoolAndTruncToQuantAvgPool": "AvgPoolAndTruncToQuantAvgPool",
+    "ConvertBipolarMatMulToXnorPopcount": "ConvertBipolarMatMulToXnorPopcount",
+    "LowerConvsToMatMul": "LowerConvsToMatMul", "MakeMaxPoolNHWC": "MakeMaxPoolNHWC",
+    "Change3DTo4DTensors": "Change3DTo4DTensors", "InferDataTypes": "InferDataTypes", "InferShapes": "InferShapes",
+    "FoldConstants": "FoldConstants", "BatchNormToAffine": "BatchNormToAffine", "GemmToMatMul": "GemmToMatMul",
+    "ExtractBiasFromConv": "ConvBiasToAdd", "FoldTransposeIntoQuantInit": "FoldTransposeIntoQuantInit",
+    "QCDQToQuant": "QCDQToQuant", "MoveLinearPastEltwiseAdd": "MoveLinearPastEltwiseAdd",
+    "MoveScalarLinearPastInvariants": "MoveScalarLinearPastInvariants",
+}
+
+
+@pytest.mark.parametrize("finn_name", sorted(FINN_NAMES))
+def test_finn_name_resolves_to_the_pass_doing_it(finn_name: str) -> None:
+    assert get_pass(finn_name).name == FINN_NAMES[finn_name]
+
+
+def test_aliases_are_exactly_the_finn_names_finnlite_spells_differently() -> None:
+    ours = {k: v for k, v in list_aliases().items() if get_pass(v).__module__.startswith("streamline.")}
+    assert ours == {k: v for k, v in sorted(FINN_NAMES.items()) if k != v}
+    assert not set(list_aliases()) & {p.name for p in list_passes()}
