@@ -34,6 +34,7 @@ from streamline.absorb_monotone import MONOTONE_PASSES
 from streamline.collapse import COLLAPSE_PASSES
 from streamline.datatypes import InferDataTypes
 from streamline.join import IntegerJoinMultipliers
+from streamline.join_conv import IntegerConvInputScales
 from streamline.reduce import REDUCE_PASSES
 from streamline.preprocess import MoveAddPastPaddedConv
 from streamline.reorder import REORDER_PASSES
@@ -53,7 +54,8 @@ def streamline_passes() -> list:
     absorb, and the thresholds re-materialized for the datatypes the round produced. Joins of differently scaled
     branches read only by thresholds take integer multipliers (:mod:`streamline.join`) before the reorder rules
     would equalize their scales by the exact ratio."""
-    return [InferDataTypes, *COLLAPSE_PASSES, IntegerJoinMultipliers, *REORDER_PASSES, *REDUCE_PASSES, MoveAddPastPaddedConv, *ABSORB_PASSES,
+    return [InferDataTypes, *COLLAPSE_PASSES, IntegerJoinMultipliers, IntegerConvInputScales,
+            *REORDER_PASSES, *REDUCE_PASSES, MoveAddPastPaddedConv, *ABSORB_PASSES,
             *MONOTONE_PASSES, RemoveDeadNodes, InferDataTypes, MaterializeThresholds]
 
 

@@ -16,18 +16,12 @@ import pytest
 
 from tests.corpus.check import cache_dir, cached_entries, check_model, committed_entries, corpus_names
 
-_CONCAT = ("each branch of the Concat has its own quantizer: the per-channel scale vector after it reaches a dense "
-           "Conv, and a per-input-channel Mul cannot pass a Conv or MatMul with integer weights. Integer multipliers "
-           "(IntegerJoinMultipliers) are proven by enumerating a two-input box; a Conv sums {what}, whose box cannot "
-           "be enumerated, and the scale ratios are not small fractions")
-
 #: model -> why it does not pass yet (checked: an entry that passes makes its test fail)
 KNOWN_GAPS: dict[str, str] = {
-    **{f"concat_distinct_{e}": _CONCAT.format(what="72 inputs of two scales") for e in ("dyn", "ts")},
-    **{f"perchannel_maxpool_{e}": "per-channel activation scales (scaling_per_output_channel) feed a Conv and the "
-       "classifier: a per-input-channel Mul cannot pass a non-depthwise Conv or a MatMul with integer weights, and "
-       "integer multipliers per channel cannot be proven for a sum of 72 (Conv) or 32 (MatMul) inputs by "
-       "enumeration" for e in ("dyn", "ts")},
+    **{f"perchannel_maxpool_{e}": "per-channel activation scales (scaling_per_output_channel, 8 distinct scales) "
+       "feed a Conv and the classifier: a per-input-channel Mul cannot pass a non-depthwise Conv or a MatMul with "
+       "integer weights, and integer multipliers (IntegerConvInputScales) are proven by enumerating the box of "
+       "two partial sums, not of eight; the classifier's MatMul result is the graph output, not thresholds" for e in ("dyn", "ts")},
 }
 
 

@@ -211,3 +211,50 @@ def test_no_16_bit_pair_leaves_the_join_float_with_the_reason():
     b = np.array([[0, 1, -1, -4, 4, -32768, 32767, 100]], np.float64)
     ref = Executor(proto, dtype=np.float64).run({"a": a, "b": b})["y0"]
     np.testing.assert_array_equal(Executor(m, dtype=np.float64).run({"a": a, "b": b})["y0"], ref)
+
+
+# -- a Conv over a Concat of two scales ---------------------------------------------------------------------------
+def _concat_conv_model(sa, sb, ca, cb, w, pads, so, n_hw):
+    nodes = [helper.make_node("Concat", ["xa", "xb"], ["cat"], axis=1, name="cat"),
+             helper.make_node("Mul", ["cat", "v"], ["scaled"], name="scales"),
+             helper.make_node("Conv", ["scaled", "W"], ["conv"], pads=pads, name="conv"),
+             _quant("conv", "y0", "so", "bo", False, False)]
+    v = np.array([sa] * ca + [sb] * cb, np.float32).reshape(1, -1, 1, 1)
+    inits = {"v": v, "W": w.astype(np.float32), "so": np.float32(so), "bo": np.float32(4), "zero": np.float32(0)}
+    h, wd = n_hw
+    oh, ow = (h, wd) if any(pads) else (h - w.shape[2] + 1, wd - w.shape[3] + 1)
+    return graph_model(nodes, {"xa": [1, ca, h, wd], "xb": [1, cb, h, wd]}, {"y0": [1, w.shape[0], oh, ow]}, inits)
+
+
+def _streamlined(proto, types):
+    m = Model(proto)
+    for k, t in types.items():
+        m.set_tensor_datatype(k, t)
+    streamline_model(m, only=["tidy", "convert", "streamline"])
+    return m
+
+
+def test_conv_over_two_scales_is_exact_on_every_pair_of_inputs():
+    """1x1 Conv, one channel per scale: the output is sA·wa·a + sB·wb·b, every (a, b) of UINT3 × INT4 at once."""
+    a, b = _box((0, 7), (-8, 7))
+    w = np.array([3, -2, 1, 2], np.float32).reshape(2, 2, 1, 1)  # two output channels, signs mixed
+    proto = _concat_conv_model(0.3113, 0.0871, 1, 1, w, [0, 0, 0, 0], 0.21, (1, a.size))
+    m = _streamlined(proto, {"xa": "UINT3", "xb": "INT4"})
+    assert [n.op_type for n in m.graph][:3] == ["Concat", "Conv", "MultiThreshold"], [n.op_type for n in m.graph]
+    conv = next(n for n in m.graph if n.op_type == "Conv")
+    wi = m.get_initializer(conv.inputs[1].name)
+    assert np.array_equal(wi, np.round(wi)) and not np.array_equal(wi, w)
+    inputs = {"xa": a.reshape(1, 1, 1, -1).astype(np.float64), "xb": b.reshape(1, 1, 1, -1).astype(np.float64)}
+    _check(proto, m, inputs, [(0.21,)])
+
+
+def test_padded_conv_over_two_scales_on_random_inputs():
+    ca, cb = 3, 2
+    w = RNG.integers(-3, 4, size=(4, ca + cb, 3, 3)).astype(np.float32)
+    proto = _concat_conv_model(0.0537, 0.1291, ca, cb, w, [1, 1, 1, 1], 0.43, (5, 5))
+    m = _streamlined(proto, {"xa": "UINT4", "xb": "INT3"})
+    assert "Mul" not in [n.op_type for n in m.graph][:3]
+    for _ in range(4):
+        inputs = {"xa": RNG.integers(0, 16, size=(1, ca, 5, 5)).astype(np.float64),
+                  "xb": RNG.integers(-4, 4, size=(1, cb, 5, 5)).astype(np.float64)}
+        _check(proto, m, inputs, [(0.43,)])
