@@ -234,11 +234,12 @@ def _streamlined(proto, types):
     return m
 
 
-def test_conv_over_two_scales_is_exact_on_every_pair_of_inputs():
+@pytest.mark.parametrize("sa,sb", [(0.3113, 0.0871), (-0.3113, 0.0871), (0.0213, -0.7)])
+def test_conv_over_two_scales_is_exact_on_every_pair_of_inputs(sa, sb):
     """1x1 Conv, one channel per scale: the output is sA·wa·a + sB·wb·b, every (a, b) of UINT3 × INT4 at once."""
     a, b = _box((0, 7), (-8, 7))
     w = np.array([3, -2, 1, 2], np.float32).reshape(2, 2, 1, 1)  # two output channels, signs mixed
-    proto = _concat_conv_model(0.3113, 0.0871, 1, 1, w, [0, 0, 0, 0], 0.21, (1, a.size))
+    proto = _concat_conv_model(sa, sb, 1, 1, w, [0, 0, 0, 0], 0.21, (1, a.size))
     m = _streamlined(proto, {"xa": "UINT3", "xb": "INT4"})
     assert [n.op_type for n in m.graph][:3] == ["Concat", "Conv", "MultiThreshold"], [n.op_type for n in m.graph]
     conv = next(n for n in m.graph if n.op_type == "Conv")
