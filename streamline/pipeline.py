@@ -33,6 +33,8 @@ from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
 from streamline.absorb_monotone import MONOTONE_PASSES
 from streamline.collapse import COLLAPSE_PASSES
 from streamline.datatypes import InferDataTypes
+from streamline.join import IntegerJoinMultipliers
+from streamline.join_conv import IntegerConvInputScales
 from streamline.reduce import REDUCE_PASSES
 from streamline.preprocess import MoveAddPastPaddedConv
 from streamline.reorder import REORDER_PASSES
@@ -49,8 +51,11 @@ class RemoveDeadNodes(Transformation):
 
 def streamline_passes() -> list:
     """One round of the streamlining fixpoint: datatypes first (the rules read them), then collapse, reorder,
-    absorb, and the thresholds re-materialized for the datatypes the round produced."""
-    return [InferDataTypes, *COLLAPSE_PASSES, *REORDER_PASSES, *REDUCE_PASSES, MoveAddPastPaddedConv, *ABSORB_PASSES,
+    absorb, and the thresholds re-materialized for the datatypes the round produced. Joins of differently scaled
+    branches read only by thresholds take integer multipliers (:mod:`streamline.join`) before the reorder rules
+    would equalize their scales by the exact ratio."""
+    return [InferDataTypes, *COLLAPSE_PASSES, IntegerJoinMultipliers, IntegerConvInputScales,
+            *REORDER_PASSES, *REDUCE_PASSES, MoveAddPastPaddedConv, *ABSORB_PASSES,
             *MONOTONE_PASSES, RemoveDeadNodes, InferDataTypes, MaterializeThresholds]
 
 

@@ -176,14 +176,7 @@ def _float64_residue(graph: FuzzGraph) -> bool:
 
 #: saved graphs that still fail, with the reason: the test then requires the failure (the day it passes, it says
 #: so). A reason paired with a condition applies only where the condition holds (a platform-dependent failure).
-_FLOAT_LAYER = ("so the MultiThreshold after it reads a float32-rounded tensor; at a near or exact real tie of "
-                "that tensor final_check explains a one-element flip per sample only, and this graph has samples "
-                "with two")
 KNOWN_FAILURES: dict[str, Any] = {
-    "fuzz_993847a1c614": "a residual join whose branch scales have no small-fraction ratio stays a float Add, "
-                         + _FLOAT_LAYER,
-    "fuzz_0c432b9fe217": "a residual join whose branch scales have no small-fraction ratio stays a float Add, "
-                         + _FLOAT_LAYER,
     "fuzz_d61719327ea6": ("the float64 oracle is not exact: a conv accumulator that is exactly 0 before a bipolar "
                           "quantizer evaluates to -5.6e-17 in float64 on this platform, and final_check takes the "
                           "streamlined model's exact answer (+1) for an error", _float64_residue),
