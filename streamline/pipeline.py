@@ -12,8 +12,8 @@
 4. ``lower`` — Conv → Im2Col + MatMul, MaxPool → MaxPoolNHWC, NHWC with one Transpose at the input, XNOR-popcount
    for bipolar layers, TopK, threshold rounding;
 5. ``restreamline`` (to a fixpoint) — the same rules again on what lowering exposed;
-6. ``finalize`` — global-pool outputs squeezed to [N, C] before a classifier MatMul, datatypes, integer
-   thresholds, dead nodes.
+6. ``finalize`` — global-pool outputs squeezed to [N, C] before a classifier MatMul, global sums in FINN's
+   lowered-pooling form, datatypes, integer thresholds, dead nodes.
 
 The fixpoint stages terminate: every rule moves a constant forward, merges two nodes or removes one, and the pass
 manager detects oscillation and caps the rounds regardless.
@@ -64,6 +64,7 @@ def default_stages() -> list[Stage]:
     from streamline.convert import CONVERT_PASSES
     from streamline.lower import LOWER_PASSES
     from streamline.round_thresholds import RoundAndClipThresholds
+    from streamline.finn_pool import LowerGlobalSum
     from streamline.squeeze_pool import SqueezeGlobalPoolOutput
 
     return [
@@ -74,8 +75,8 @@ def default_stages() -> list[Stage]:
         # the stage's end, the network runs once (twice where a changed encoding has to re-converge)
         Stage("lower", LOWER_PASSES, granularity="stage"),
         Stage("restreamline", streamline_passes(), fixpoint=True),
-        Stage("finalize", [SqueezeGlobalPoolOutput, InferDataTypes, RoundAndClipThresholds, RemoveDeadNodes,
-                           InferDataTypes, MakeNodeNamesUnique]),
+        Stage("finalize", [SqueezeGlobalPoolOutput, LowerGlobalSum, InferDataTypes, RoundAndClipThresholds,
+                           RemoveDeadNodes, InferDataTypes, MakeNodeNamesUnique]),
     ]
 
 
