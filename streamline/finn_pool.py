@@ -17,7 +17,8 @@ import onnx_ir as ir
 from custom_ops.registry import QONNX_DOMAIN
 from finnlite.datatypes import is_integer_type
 from finnlite.passes import Rule, register_pass
-from streamline.lower_common import add_const, ensure_custom_domain, new_value, shape_of
+from finnlite.graphutil import add_constant
+from streamline.lower_common import ensure_custom_domain, new_value, shape_of
 from streamline.reduce import _keepdims, reduce_axes
 
 if TYPE_CHECKING:
@@ -65,14 +66,14 @@ class LowerGlobalSum(Rule):
             ir.AttrString("input_shape", f"({n}, {h}, {w}, {c})"), ir.AttrInt64s("pad_amount", [0, 0, 0, 0]),
             ir.AttrInt64("pad_value", 0), ir.AttrInt64("depthwise", 1), ir.AttrInt64s("dilations", [1, 1])],
             outputs=[cols], name=f"{name}_im2col")
-        shape = add_const(model, np.array([n, 1, 1, h * w, c], np.int64), f"{name}_windows_shape")
+        shape = add_constant(model, np.array([n, 1, 1, h * w, c], np.int64), f"{name}_windows_shape")
         reshape = ir.Node("", "Reshape", [cols, shape], outputs=[windows], name=f"{name}_windows")
         model.graph.insert_before(node, [im2col, reshape])
         node.replace_input_with(0, windows)  # the ReduceSum itself now sums the window axis
         node.attributes["keepdims"] = ir.AttrInt64("keepdims", 0)
         if len(node.inputs) > 1 and node.inputs[1] is not None:
             old_axes = node.inputs[1]
-            node.replace_input_with(1, add_const(model, np.array([3], np.int64), f"{name}_window_axis"))
+            node.replace_input_with(1, add_constant(model, np.array([3], np.int64), f"{name}_window_axis"))
             model.drop_if_unused(old_axes)
         else:  # before opset 13: the axes are an attribute
             node.attributes["axes"] = ir.AttrInt64s("axes", [3])
