@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
+from finnlite.datatypes import smallest_int_type
 from finnlite.graphutil import is_standard_domain, rank_of
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array, const_shape
@@ -453,8 +454,8 @@ class MoveLinearPastConcat(Rule):
 class AbsorbIntegerMulIntoMultiThreshold(Rule):
     """Mul(MultiThreshold(x), k) → MultiThreshold(x) with out_scale·k, out_bias·k, for an integer scalar k.
 
-    Algebra: k·(out_scale·n + out_bias). Keeps the output integer (used to equalize scales at joins). Condition:
-    the MultiThreshold feeds only the Mul."""
+    Algebra: k·(out_scale·n + out_bias). Keeps the output integer (used to equalize scales at joins); out_dtype
+    becomes the narrowest integer type of the new levels. Condition: the MultiThreshold feeds only the Mul."""
 
     op_types = ("Mul",)
 
@@ -475,6 +476,10 @@ class AbsorbIntegerMulIntoMultiThreshold(Rule):
         bias = float(mt.attributes["out_bias"].value) if "out_bias" in mt.attributes else 0.0
         mt.attributes["out_scale"] = ir.AttrFloat32("out_scale", scale * k)
         mt.attributes["out_bias"] = ir.AttrFloat32("out_bias", bias * k)
+        thresholds = const_shape(mt.inputs[1]) if len(mt.inputs) > 1 else None
+        if thresholds:  # the levels k·(out_scale·n + out_bias), n = 0..N, decide out_dtype (FINN sizes from it)
+            ends = [k * bias, k * (scale * thresholds[-1] + bias)]
+            mt.attributes["out_dtype"] = ir.AttrString("out_dtype", smallest_int_type(min(ends), max(ends)).name)
         model.replace_uses(node.outputs[0], mt.outputs[0])
         model.remove_node(node)
 

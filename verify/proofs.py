@@ -73,6 +73,50 @@ class _Match:
     relu: bool = False
 
 
+#: ops that may produce a matched quantizer's input: the accumulator is then an affine map of it per channel (a
+#: layer, its bias, BatchNorm, scales, layout and pooling ops; a Relu right before the quantizer is handled apart).
+#: After any other op (Tanh, Sigmoid, PRelu, HardSigmoid, Clip, ...) no affine map exists and nothing is proven.
+_AFFINE_BEFORE = frozenset({"Conv", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "BatchNormalization",
+                            "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "AveragePool",
+                            "GlobalAveragePool", "ReduceMean", "Quant", "Trunc", "Concat", "Identity",
+                            "QuantAvgPool2d"})
+
+
+def _source_scale(original: Model, v: Any, depth: int = 8) -> bytes | None:
+    """The scale of the quantizer a computed tensor comes from (through single-input ops), as bytes; None if none."""
+    for _ in range(depth):
+        node = v.producer() if v is not None else None
+        if node is None:
+            return None
+        if node.op_type in _QUANTIZERS:
+            scale = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+            return None if scale is None else np.asarray(scale, np.float64).tobytes()
+        computed = [u for u in node.inputs if u is not None and const_array(u) is None]
+        if len(computed) != 1:
+            return None
+        v = computed[0]
+    return None
+
+
+def _after_join(original: Model, z: str, depth: int = 8) -> bool:
+    """Whether the original computes ``z`` from a join of differently quantized branches: walking back through
+    the layer (constant scales and biases, BatchNorm, the Conv/MatMul's data input) meets an Add of two computed
+    tensors or a Concat, whose inputs do not all come from quantizers of one scale, before it meets the layer's
+    input quantizer."""
+    for _ in range(depth):
+        node = original.find_producer(z)
+        if node is None or node.op_type in _QUANTIZERS:
+            return False
+        computed = [v for v in node.inputs if v is not None and const_array(v) is None]
+        if node.op_type == "Concat" or (node.op_type == "Add" and len(computed) == 2):
+            scales = {_source_scale(original, v) for v in computed}
+            return len(scales) != 1 or None in scales
+        if not computed:
+            return False
+        z = computed[0].name
+    return False
+
+
 def _matches(model: Model, original: Model) -> list[_Match]:
     found = []
     for node in model.graph:
@@ -90,6 +134,9 @@ def _matches(model: Model, original: Model) -> list[_Match]:
         before = original.find_producer(z)
         if before is not None and before.op_type == "Relu" and before.inputs and before.inputs[0] is not None:
             z, relu = before.inputs[0].name, True
+        before = original.find_producer(z)
+        if before is not None and before.op_type not in _AFFINE_BEFORE:
+            continue  # a non-linear activation (Tanh, Sigmoid, PRelu, ...) between the layer and the quantizer
         layout = model.get_tensor_layout(a)
         found.append(_Match(node, q, a, z, bool(layout) and len(layout) == 4 and layout[-1] == "C", relu))
     return found
@@ -204,6 +251,10 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
         if thr is None or thr.ndim != 2 or thr.shape[0] not in (1, a3.shape[1]):
             continue
         label, qlabel = node_label(mt.mt), node_label(mt.q)
+        if _after_join(original, mt.z):
+            continue  # a join's integer multipliers (IntegerJoinMultipliers) agree with the original on the levels
+            # the branches can reach, not on every integer of the range, and are not affine in the original's sum:
+            # the rule proved them by enumeration over the branches' box; the output comparison judges the rest
         lohi = ranges.get(mt.a)
         if lohi is None:
             dt = model.get_tensor_datatype(mt.a)

@@ -95,6 +95,9 @@ def compare_weights(model: Model, original: Model) -> list[WeightIssue]:
         layer = original.get_node_from_name(name) if name else None
         if layer is None or layer.op_type not in ("Conv", "Gemm", "MatMul"):
             continue
+        data = original.find_producer(layer.inputs[0].name) if layer.inputs and layer.inputs[0] is not None else None
+        if data is not None and data.op_type == "Concat":
+            continue  # branches of different scales: their rows may carry different integer multipliers
         w_orig = _quantized_weight(original, layer)
         ws = np.asarray(t.numpy(), np.float64)
         wo = _as_columns(layer, w_orig, ws.shape) if w_orig is not None else None
@@ -103,6 +106,8 @@ def compare_weights(model: Model, original: Model) -> list[WeightIssue]:
         if node.op_type == "XnorPopcountMatMul":
             ws = 2 * ws - 1  # binary back to bipolar
         problem = _proportional(ws, wo)
+        if problem is not None and _rows_permuted(ws, wo):
+            continue  # a layout change (NHWC flatten, tokens) reordered the rows: not compared element by element
         if problem is not None:
             issues.append(WeightIssue(node_label(node), node.inputs[1].name, node_label(layer), problem))
     return issues
@@ -124,3 +129,20 @@ def _proportional(ws: np.ndarray, wo: np.ndarray) -> str | None:
     k, c = (int(i) for i in np.argwhere(bad)[0])
     return (f"element [{k}, {c}] is {ws[k, c]:g} where the original's quantized weight {wo[k, c]:.9g} times the "
             f"column's scale {lam[c]:.9g} gives {lam[c] * wo[k, c]:.9g} ({int(bad.sum())} element(s) differ)")
+
+
+def _rows_permuted(ws: np.ndarray, wo: np.ndarray) -> bool:
+    """Whether every column of ``ws`` holds the values of ``λ_c`` times the same column of ``wo`` in another row
+    order (λ_c = ±max|ws| / max|wo|): the same weights, rows reordered by a layout change."""
+    for c in range(ws.shape[1]):
+        s, o = np.sort(ws[:, c]), wo[:, c]
+        top = np.abs(o).max(initial=0.0)
+        if top == 0:
+            if s.any():
+                return False
+            continue
+        lam = np.abs(s).max(initial=0.0) / top
+        tol = RTOL * max(np.abs(s).max(initial=0.0), 1e-30)
+        if not any(np.all(np.abs(s - np.sort(sign * lam * o)) <= tol) for sign in (1.0, -1.0)):
+            return False
+    return True
