@@ -20,7 +20,7 @@ from finnlite.tensors import DepthwiseWeight
 if TYPE_CHECKING:
     from finnlite.model import Model
 
-__all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "is_standard_domain", "rank_of", "take_over"]
+__all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "clip_bounds", "is_standard_domain", "rank_of", "take_over"]
 
 _QA_KEY = "quant_parameter_tensor_names"  # where Model keeps annotations (see finnlite.model)
 _DT_KEY = "finn_datatype"
@@ -75,3 +75,21 @@ def take_over(model: "Model", old: ir.Value, new: ir.Value, old_suffix: str = "r
     old.name = model.make_new_valueinfo_name(f"{name}_{old_suffix}")
     new.name = name
     model.index_value(new)
+
+
+def clip_bounds(node: ir.Node) -> tuple[np.ndarray | None, np.ndarray | None] | None:
+    """The ``(min, max)`` bounds of a Clip as 0-d arrays of their own type (inputs from opset 11, float32
+    attributes before; None for an absent bound), or None if a bound is not a constant scalar."""
+    bounds: list[np.ndarray | None] = []
+    for index, name in ((1, "min"), (2, "max")):
+        v = node.inputs[index] if index < len(node.inputs) else None
+        if v is not None:
+            arr = const_array(v)
+            if arr is None or arr.size != 1:
+                return None
+            bounds.append(np.asarray(arr).reshape(()))
+        elif name in node.attributes:
+            bounds.append(np.asarray(np.float32(node.attributes[name].value)))
+        else:
+            bounds.append(None)
+    return bounds[0], bounds[1]

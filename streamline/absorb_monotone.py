@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from finnlite.graphutil import clip_bounds
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.absorb import _mt_input_node, _set, absorb_channel_vector, real_thresholds_of, set_channel_axis
@@ -59,22 +60,9 @@ def _inverse(op: str, params: tuple, r: Fraction, strict: bool) -> tuple[float, 
 
 
 def _clip_bounds(node: ir.Node) -> tuple[float | None, float | None] | None:
-    """``(lo, hi)`` of a Clip (inputs from opset 11, attributes before; None for an absent bound), or None if a
-    bound is not a constant scalar."""
-    if "min" in node.attributes or "max" in node.attributes:
-        lo, hi = node.attributes.get("min"), node.attributes.get("max")
-        return (None if lo is None else float(lo.value)), (None if hi is None else float(hi.value))
-    out: list[float | None] = []
-    for i in (1, 2):
-        v = node.inputs[i] if len(node.inputs) > i else None
-        if v is None:
-            out.append(None)
-            continue
-        arr = const_array(v)
-        if arr is None or arr.size != 1:
-            return None
-        out.append(float(np.asarray(arr).ravel()[0]))
-    return out[0], out[1]
+    """``(lo, hi)`` of a Clip as floats (None for an absent bound), or None if a bound is not a constant scalar."""
+    bounds = clip_bounds(node)
+    return None if bounds is None else tuple(None if b is None else float(b) for b in bounds)  # type: ignore
 
 
 @register_pass(group="absorb")

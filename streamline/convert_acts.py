@@ -35,7 +35,7 @@ from custom_ops.bipolar_quant import bipolar_quant
 from custom_ops.quant import max_int, min_int, quant
 from custom_ops.registry import QONNX_DOMAIN, is_standard_domain
 from finnlite.datatypes import BaseDataType, DataType, int_type, smallest_int_type
-from finnlite.graphutil import add_constant, annotate, rank_of, take_over
+from finnlite.graphutil import add_constant, annotate, clip_bounds, rank_of, take_over
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.convert_common import (DEFAULT_MAX_THRESHOLD_BITS, FLOAT32, QUANT_OPS, BitLimit, Channels,
@@ -196,17 +196,10 @@ def absorbable_predecessor(model: "Model", x: ir.Value
         return p, lambda v: np.maximum(v, np.float32(0.0)), (0.0, np.inf)
     if p.op_type != "Clip":
         return None
-    bounds = []
-    for index, attr, default in ((1, "min", -np.inf), (2, "max", np.inf)):
-        if index < len(p.inputs) and p.inputs[index] is not None:
-            arr = const_array(p.inputs[index])
-            if arr is None or arr.size != 1 or arr.dtype != np.float32:
-                return None
-            bounds.append(np.float32(arr.reshape(())))
-        elif attr in p.attributes:
-            bounds.append(np.float32(p.attributes[attr].value))
-        else:
-            bounds.append(np.float32(default))
+    found = clip_bounds(p)
+    if found is None or any(b is not None and b.dtype != np.float32 for b in found):
+        return None
+    bounds = [np.float32(d if b is None else b) for b, d in zip(found, (-np.inf, np.inf))]
     lo, hi = bounds
     if not lo <= hi:
         return None

@@ -49,7 +49,7 @@ from custom_ops.quant import max_int, min_int, quant
 from custom_ops.registry import QONNX_DOMAIN, is_standard_domain
 from finnlite.datatypes import smallest_int_type
 from finnlite.errors import OpError
-from finnlite.graphutil import add_constant, take_over
+from finnlite.graphutil import add_constant, clip_bounds, take_over
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.convert_common import drop_unused, ensure_custom_domain
@@ -172,18 +172,11 @@ class _Chain:
 
 
 def _clip_bounds(node: ir.Node) -> tuple[int | None, int | None]:
-    out: list[int | None] = []
-    for index in (1, 2):
-        v = node.inputs[index] if index < len(node.inputs) else None
-        if v is None:
-            out.append(None)
-            continue
-        arr = const_array(v)
-        if arr is None or arr.size != 1:
-            raise OpError("Clip between QuantizeLinear and DequantizeLinear: the bounds must be scalar constants",
-                          node=_label(node), tensor=v.name)
-        out.append(int(arr.reshape(())))
-    return out[0], out[1]
+    bounds = clip_bounds(node)
+    if bounds is None:
+        raise OpError("Clip between QuantizeLinear and DequantizeLinear: the bounds must be scalar constants",
+                      node=_label(node))
+    return tuple(None if b is None else int(b) for b in bounds)  # type: ignore[return-value]
 
 
 def _read_chain(node: ir.Node) -> _Chain | None:
