@@ -25,6 +25,7 @@ from typing import Any, Iterable
 from finnlite.datatypes import is_integer_type
 from finnlite.model import Model, as_model
 from finnlite.passes import Miss
+from verify.channel_scales import channel_scale_cause
 from verify.final import integer_tail
 from verify.region import constant_tensors, node_label, topo_order
 
@@ -51,17 +52,21 @@ class FloatNode:
     reason: str
     closest: Miss | None = None
     misses: list[Miss] = field(default_factory=list)
+    #: why no rule can make it integer, and what the user can change (:mod:`verify.channel_scales`), or ""
+    cause: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "op_type": self.op_type, "float_outputs": self.float_outputs,
-                "float_inputs": self.float_inputs, "reason": self.reason,
+                "float_inputs": self.float_inputs, "reason": self.reason, "cause": self.cause,
                 "closest": None if self.closest is None else {"rule": self.closest.rule, "reason": self.closest.reason},
                 "misses": [{"rule": m.rule, "reason": m.reason} for m in self.misses]}
 
     def text(self) -> str:
         line = f"{self.op_type} '{self.name}': {self.reason}"
+        if self.cause:
+            line += f"; {self.cause}"
         if self.closest is None:
-            return line + "; no rule tried it"
+            return line if self.cause else line + "; no rule tried it"
         line += f"; closest rule {self.closest.rule}: {self.closest.reason}"
         others = [m for m in self.misses if m.rule != self.closest.rule]
         if others:
@@ -146,6 +151,7 @@ def float_report(model: Any, misses: Iterable[Miss] | Any = ()) -> FloatReport:
     for miss in misses:
         by_node.setdefault(miss.node, []).append(miss)
     report = FloatReport(dequantization=dequant)
+    root: dict[str, FloatNode] = {}  # float tensor -> the float node its floatness starts at
     for node in topo_order(list(m.graph)):
         data_in = [v.name for v in node.inputs if v is not None and v.name not in const]
         if not data_in or id(node) in tail_nodes:
@@ -168,5 +174,11 @@ def float_report(model: Any, misses: Iterable[Miss] | Any = ()) -> FloatReport:
         reason = f"output '{float_out[0]}' has no integer datatype"
         if float_in:
             reason += f" (float input '{float_in[0]}')"
-        report.nodes.append(FloatNode(label, node.op_type, float_out, float_in, reason, _closest(found), found))
+        entry = FloatNode(label, node.op_type, float_out, float_in, reason, _closest(found), found,
+                          "" if float_in else channel_scale_cause(node) or "")
+        origin = root.get(float_in[0], entry) if float_in else entry
+        if origin is not entry and origin.cause:
+            entry.reason += f", float because of {origin.op_type} '{origin.name}' above"
+        root.update((name, origin) for name in float_out)
+        report.nodes.append(entry)
     return report
