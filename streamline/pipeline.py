@@ -35,6 +35,7 @@ from streamline.collapse import COLLAPSE_PASSES
 from streamline.datatypes import InferDataTypes
 from streamline.join import IntegerJoinMultipliers
 from streamline.join_conv import IntegerConvInputScales
+from streamline.pool_sign import AbsorbChannelSignIntoMultiThreshold
 from streamline.reduce import REDUCE_PASSES
 from streamline.preprocess import MoveAddPastPaddedConv
 from streamline.reorder import REORDER_PASSES
@@ -56,6 +57,7 @@ def streamline_passes() -> list:
     would equalize their scales by the exact ratio."""
     return [InferDataTypes, *COLLAPSE_PASSES, IntegerJoinMultipliers, IntegerConvInputScales,
             *REORDER_PASSES, *REDUCE_PASSES, MoveAddPastPaddedConv, *ABSORB_PASSES,
+            AbsorbChannelSignIntoMultiThreshold,
             *MONOTONE_PASSES, RemoveDeadNodes, InferDataTypes, MaterializeThresholds]
 
 

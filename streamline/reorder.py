@@ -197,10 +197,11 @@ class MoveAddPastConv(Rule):
 
 @register_pass(group="reorder")
 class MoveLinearPastMaxPool(Rule):
-    """MaxPool(Mul(x, a)) → Mul(MaxPool(x), a) for a > 0; MaxPool(Add(x, b)) → Add(MaxPool(x), b).
+    """MaxPool(Mul(x, a)) → Mul(MaxPool(x), a) for a ≥ 0; MaxPool(Add(x, b)) → Add(MaxPool(x), b).
 
-    Algebra: max is monotone, so max(a·x) = a·max(x) for a > 0 and max(x + b) = max(x) + b; a and b scalar or per
-    channel (axis 1). A negative or zero factor would turn max into min: left in place."""
+    Algebra: max is monotone, so max(a·x) = a·max(x) for a > 0 (and 0 = 0·max(x) for a = 0) and max(x + b) =
+    max(x) + b; a and b scalar or per channel (axis 1). A negative factor would turn max into min: left in place
+    (:class:`streamline.pool_sign.AbsorbChannelSignIntoMultiThreshold` moves such signs into the weights)."""
 
     op_types = ("MaxPool",)
     aliases = ("MoveMulPastMaxPool",)
@@ -213,8 +214,8 @@ class MoveLinearPastMaxPool(Rule):
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
         if vec is None:
             return self.miss(node, f"the {lin[0].op_type} before MaxPool varies along a spatial axis")
-        if lin[0].op_type == "Mul" and any(v <= 0 for v in vec):
-            return self.miss(node, "a non-positive scale cannot pass MaxPool")
+        if lin[0].op_type == "Mul" and any(v < 0 for v in vec):
+            return self.miss(node, "a negative scale cannot pass MaxPool")
         return node, lin, vec, rank
 
     def rewrite(self, model: "Model", match: Any) -> None:

@@ -73,8 +73,8 @@ def test_add_past_conv_only_without_padding():
         compare(proto, m, {"x": _ints((1, c, 6, 6))})
 
 
-def test_maxpool_positive_only():
-    for a, moved in ((np.float32(0.5), True), (np.float32(-0.5), False)):
+def test_maxpool_non_negative_only():
+    for a, moved in ((np.float32(0.5), True), (np.float32(0.0), True), (np.float32(-0.5), False)):
         nodes = [helper.make_node("Mul", ["x", "a"], ["xa"], name="mul"),
                  helper.make_node("MaxPool", ["xa"], ["y"], kernel_shape=[2, 2], strides=[2, 2], name="pool")]
         proto = graph_model(nodes, {"x": [1, 2, 4, 4]}, {"y": [1, 2, 2, 2]}, {"a": a})
