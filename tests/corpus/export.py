@@ -206,6 +206,36 @@ class PerChannelPool(nn.Module):
         return self.fc(x.flatten(1))
 
 
+
+def pc_relu(bits: int, channels: int) -> qnn.QuantReLU:
+    """A QuantReLU with one scale per channel (``scaling_per_output_channel=True``)."""
+    return relu(bits, scaling_per_output_channel=True, per_channel_broadcastable_shape=(1, channels, 1, 1),
+                scaling_stats_permute_dims=(1, 0, 2, 3))
+
+
+class PerChannelExact(nn.Module):
+    """The exact form of per-channel activation scales: per-channel QuantReLUs through MaxPools into a depthwise
+    conv and into a per-tensor requantizer, one of them followed by a BN with negative gammas before its MaxPool
+    (a per-channel factor of mixed sign), and a BN with negative gammas right after a conv before a MaxPool; only
+    per-tensor scales reach the channel-mixing conv and the classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = inq()
+        self.c1, self.b1, self.a1 = conv(3, 8), nn.BatchNorm2d(8), pc_relu(4, 8)
+        self.dw, self.b2, self.a2 = conv(8, 8, groups=8), nn.BatchNorm2d(8), pc_relu(4, 8)
+        self.bn_after = nn.BatchNorm2d(8)
+        self.req = qnn.QuantIdentity(act_quant=Int8ActPerTensorFloat, bit_width=4, return_quant_tensor=False)
+        self.c3, self.b3, self.a3 = conv(8, 8), nn.BatchNorm2d(8), relu(4)
+        self.fc = linear(8 * 2 * 2, 10, bias=True)
+
+    def forward(self, x):
+        x = F.max_pool2d(self.a1(self.b1(self.c1(self.inp(x)))), 2)
+        x = self.req(F.max_pool2d(self.bn_after(self.a2(self.b2(self.dw(x)))), 2))
+        x = self.a3(F.max_pool2d(self.b3(self.c3(x)), 2))
+        return self.fc(x.flatten(1))
+
+
 # -- kind 4: residual Add ------------------------------------------------------------------------------------------
 class ResidualAdd(nn.Module):
     """y = q1(bn(conv(x))) + q2(x') with two quantizers, or one shared quantizer on both branches; requantized."""
@@ -387,6 +417,7 @@ SPECS: dict[str, tuple[str, Callable[[], nn.Module], tuple, tuple[float, float],
     "concat_shared": ("3 concat", lambda: ConcatNet(True), (1, 3, 8, 8), (-1.0, 1.0), True),
     "concat_distinct": ("3 concat", lambda: ConcatNet(False), (1, 3, 8, 8), (-1.0, 1.0), True),
     "perchannel_maxpool": ("3 per-channel scales", PerChannelPool, (1, 3, 8, 8), (-1.0, 1.0), True),
+    "perchannel_exact": ("3 per-channel scales", PerChannelExact, (1, 3, 16, 16), (-1.0, 1.0), True),
     "residual_distinct": ("4 residual add", lambda: ResidualAdd(False), (1, 3, 8, 8), (-1.0, 1.0), True),
     "residual_shared": ("4 residual add", lambda: ResidualAdd(True), (1, 3, 8, 8), (-1.0, 1.0), True),
     "asymmetric": ("5 asymmetric", Asymmetric, (1, 32), (0.0, 1.0), True),
