@@ -62,8 +62,8 @@ class AbsorbChannelSignIntoMultiThreshold(Rule):
     is N − (its count from above on u_c), so a_c·(count_c(v) + b) = |a_c|·(count⁻_c(u) − N − b) (:func:`flip_rows`
     pads the rows to one out_bias B). Conditions: the Mul feeds only a MaxPool, a varies along the channel axis
     only; the MultiThreshold has out_scale 1 and an integer out_bias, an integer input and feeds only the Mul; the
-    Conv has constant integer weights and feeds only the MultiThreshold. The weight datatype is widened when needed
-    (INT4 −8 becomes 8), the accumulator's to its negation's range."""
+    Conv has constant integer weights and no bias and feeds only the MultiThreshold (neither is a graph output).
+    The weight datatype is widened when needed (INT4 −8 becomes 8), the accumulator's to its negation's range."""
 
     op_types = ("Mul",)
 
@@ -73,7 +73,8 @@ class AbsorbChannelSignIntoMultiThreshold(Rule):
         if c is None or len(uses) != 1 or uses[0].node.op_type != "MaxPool":
             return None
         mt = node.inputs[1 - c[0]].producer()
-        if mt is None or mt.op_type != "MultiThreshold" or len(mt.outputs[0].uses()) != 1:
+        if mt is None or mt.op_type != "MultiThreshold" or len(mt.outputs[0].uses()) != 1 \
+                or mt.outputs[0].is_graph_output():
             return None
         rank = len(node.outputs[0].shape) if node.outputs[0].shape is not None else None
         vec = channel_vector(exact_value(node, c[1]), rank, 1) if rank else None
@@ -84,7 +85,8 @@ class AbsorbChannelSignIntoMultiThreshold(Rule):
         scale = mt.attributes["out_scale"].value if "out_scale" in mt.attributes else 1.0
         bias = mt.attributes["out_bias"].value if "out_bias" in mt.attributes else 0.0
         dt = model.get_tensor_datatype(mt.inputs[0].name)
-        if w is None or not np.array_equal(w, np.round(w)) or len(mt.inputs[0].uses()) != 1 or len(conv.inputs) > 2:
+        if w is None or not np.array_equal(w, np.round(w)) or len(mt.inputs[0].uses()) != 1 or len(conv.inputs) > 2 \
+                or mt.inputs[0].is_graph_output():
             return self.miss(node, "the MultiThreshold before the sign does not read a Conv with integer weights")
         per_channel_elsewhere = mt_channel_axis(mt) != 1 and real_thresholds_of(model, mt).shape[0] > 1
         if scale != 1.0 or bias != round(bias) or not is_integer_type(dt) or per_channel_elsewhere:
