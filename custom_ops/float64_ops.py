@@ -5,7 +5,8 @@ these nodes alone through numpy: ``Conv``, ``AveragePool`` and ``GlobalAveragePo
 and the activations ``LeakyRelu``, ``PRelu`` and ``HardSigmoid`` (found between quantizers in Brevitas exports),
 and ``QuantizeLinear``/``DequantizeLinear`` to and from integer types (QDQ models; onnxruntime wants float32 scales).
 They follow the ONNX operator definitions (explicit ``pads`` or ``auto_pad``, ``strides``, ``dilations``,
-``group``; ``count_include_pad``); ``ceil_mode`` pooling is not supported and raises an :class:`OpError`.
+``group``; ``count_include_pad``); ``ceil_mode`` pooling is not supported and raises an :class:`OpError`. A
+convolution's matrix products go to onnxruntime's double MatMul (:func:`matmul`), which has one.
 
 Also here: :class:`Float32Parameters`, how float64 mode runs a Quant of the model's float32 constants.
 """
