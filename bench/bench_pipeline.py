@@ -4,11 +4,12 @@ Each zoo model runs in its own subprocess so that its peak memory (RSS) is its o
 convert (tidy + convert), streamline (the remaining stages), final verification (against the original on 8
 random inputs from the manifest's range), save, total, the file size, the peak RSS of the process and the peak
 above the RSS after importing every module (the model's own cost, also over the file size), node counts. Then,
-per zoo model, the `finnlite streamline` command's time with --verify each over --verify off and the peak RSS of
-both, the per-pass checks' cost inside the pipeline, and the streamline time per node of Brevitas-style MLPs with
-3 to 48 hidden layers and of a ResNet-style graph of about 1,000 nodes built in code. FINN's figures are quoted
-from the issue tracker (finn-plus 1.6.1 default flow on the same kind of machine, same files): they were not
-measured in this run.
+per zoo model (and ProxylessNAS mobile14 at 4 bits when the corpus cache holds its export), the `finnlite
+streamline` command's time with --verify each over --verify off and the peak RSS of both (that table alone:
+``python -m bench.bench_pipeline --commands``), the per-pass checks' cost inside the pipeline, and the streamline
+time per node of Brevitas-style MLPs with 3 to 48 hidden layers and of a ResNet-style graph of about 1,000 nodes
+built in code. FINN's figures are quoted from the issue tracker (finn-plus 1.6.1 default flow on the same kind of
+machine, same files): they were not measured in this run.
 """
 
 from __future__ import annotations
@@ -141,21 +142,20 @@ def zoo_table() -> None:
     print("  140 MB); +/file: +MB over the file size)")
 
 
-def _command(name: str, verify: str) -> dict:
-    """One ``finnlite streamline --verify VERIFY`` command on a zoo model, started from a small launcher process
+def _command(path: Path, verify: str) -> dict:
+    """One ``finnlite streamline --verify VERIFY`` command on a model file, started from a small launcher process
     (``--command``): a child of this grown process would inherit its peak RSS (``ru_maxrss`` survives fork and
     exec), a child of the launcher does not."""
-    out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--command", name, verify],
+    out = subprocess.run([sys.executable, "-m", "bench.bench_pipeline", "--command", str(path), verify],
                          capture_output=True, text=True, cwd=REPO, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def launch(name: str, verify: str) -> dict:
+def launch(path: str, verify: str) -> dict:
     """In the launcher: run the command as a user runs it (defaults otherwise); its wall time (interpreter start-up
     included) and its peak RSS (``ru_maxrss`` of the child, from ``os.wait4``)."""
-    entry = json.loads((ZOO / "manifest.json").read_text())[name]
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "finnlite.cli", "streamline", str(ZOO / entry["file"]), "-o",
+        cmd = [sys.executable, "-m", "finnlite.cli", "streamline", path, "-o",
                str(Path(tmp) / "out.onnx"), "--verify", verify, "-q"]
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
@@ -165,21 +165,38 @@ def launch(name: str, verify: str) -> dict:
     return {"seconds": seconds, "rss": rss, "ok": os.waitstatus_to_exitcode(status) == 0}
 
 
+#: the ProxylessNAS export of issue 24 (``tests/corpus/export.py``), in the corpus cache when it was exported there
+PROXYLESSNAS = "quant_proxylessnas_mobile14_4b"
+
+
+def command_models() -> dict[str, Path]:
+    """The models of the command table: the zoo's, and ProxylessNAS mobile14 (4 bits) if the corpus cache has it."""
+    from tests.corpus.check import cache_dir
+
+    models = {name: ZOO / e["file"] for name, e in json.loads((ZOO / "manifest.json").read_text()).items()}
+    proxyless = cache_dir() / f"{PROXYLESSNAS}.onnx"
+    if proxyless.is_file():
+        models["proxylessnas_mobile14_4b"] = proxyless
+    return models
+
+
 def cli_table(repeats: int = 3) -> None:
-    """Command-level cost of per-pass verification: ``finnlite streamline --verify each`` against ``--verify off``
-    (medians of ``repeats`` runs, alternating), and the peak RSS of each command."""
-    print(f"== `finnlite streamline` as a command: --verify each against --verify off (medians of {repeats} runs;")
-    print("   wall time with the interpreter's start-up; peak RSS of the command). Targets: ratio < 2x, RSS < 1 GB")
-    print(f"  {'model':<18} {'off s':>6} {'each s':>6} {'ratio':>6}  {'off RSS MB':>10} {'each RSS MB':>11}")
-    for name in json.loads((ZOO / "manifest.json").read_text()):
+    """Command-level cost of verification: ``finnlite streamline`` with its default verification (``--verify
+    each``) against ``--verify off`` (medians of ``repeats`` runs, alternating), and the peak RSS of each command."""
+    print(f"== `finnlite streamline` as a command: --verify each (the default) against --verify off (medians of "
+          f"{repeats} runs,")
+    print("   alternating; wall time with the interpreter's start-up; peak RSS of the command). Targets: ratio < 2x on")
+    print("   cnv_2w2a, mobilenet_v1_4b and resnet18_4w4a_ts; RSS < 1 GB on proxylessnas_mobile14_4b")
+    print(f"  {'model':<24} {'off s':>6} {'each s':>6} {'ratio':>6}  {'off RSS MB':>10} {'each RSS MB':>11}")
+    for name, path in command_models().items():
         runs: dict[str, list[dict]] = {"off": [], "each": []}
         for _ in range(repeats):
             for mode in runs:
-                runs[mode].append(_command(name, mode))
+                runs[mode].append(_command(path, mode))
         t = {m: statistics.median(r["seconds"] for r in rs) for m, rs in runs.items()}
         rss = {m: statistics.median(r["rss"] for r in rs) for m, rs in runs.items()}
         failed = "" if all(r["ok"] for rs in runs.values() for r in rs) else "  COMMAND FAILED"
-        print(f"  {name:<18} {t['off']:6.2f} {t['each']:6.2f} {t['each'] / t['off']:5.2f}x  "
+        print(f"  {name:<24} {t['off']:6.2f} {t['each']:6.2f} {t['each'] / t['off']:5.2f}x  "
               f"{rss['off'] / 1e6:10.0f} {rss['each'] / 1e6:11.0f}{failed}")
 
 
@@ -314,6 +331,8 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--command":
         print(json.dumps(launch(sys.argv[2], sys.argv[3])))
+    elif sys.argv[1:] == ["--commands"]:
+        cli_table()
     elif len(sys.argv) == 3 and sys.argv[1] == "--one":
         print(json.dumps(one_model(sys.argv[2])))
     elif len(sys.argv) == 3 and sys.argv[1] == "--overhead":

@@ -5,7 +5,8 @@ these nodes alone through numpy: ``Conv``, ``AveragePool`` and ``GlobalAveragePo
 and the activations ``LeakyRelu``, ``PRelu`` and ``HardSigmoid`` (found between quantizers in Brevitas exports),
 and ``QuantizeLinear``/``DequantizeLinear`` to and from integer types (QDQ models; onnxruntime wants float32 scales).
 They follow the ONNX operator definitions (explicit ``pads`` or ``auto_pad``, ``strides``, ``dilations``,
-``group``; ``count_include_pad``); ``ceil_mode`` pooling is not supported and raises an :class:`OpError`.
+``group``; ``count_include_pad``); ``ceil_mode`` pooling is not supported and raises an :class:`OpError`. A
+convolution's matrix products go to onnxruntime's double MatMul (:func:`matmul`), which has one.
 
 Also here: :class:`Float32Parameters`, how float64 mode runs a Quant of the model's float32 constants.
 """
@@ -58,6 +59,25 @@ def _pad(x: np.ndarray, pads: Sequence[tuple[int, int]]) -> np.ndarray:
     return np.pad(x, [(0, 0), (0, 0)] + list(pads))
 
 
+_MATMUL: list[Any] = []  # the float64 MatMul session, made on first use
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` of float64 matrices, by onnxruntime (one session for every shape, its threads sleeping when idle).
+    numpy's BLAS threads spin after each product, competing with everything else for the cores: on a busy 2-core
+    machine a network's convolutions took 5-10 times longer so."""
+    if not _MATMUL:
+        from onnx import TensorProto, helper
+
+        from finnlite.compat import ort_session
+
+        args = [helper.make_tensor_value_info(name, TensorProto.DOUBLE, [f"{name}0", f"{name}1"]) for name in "ab"]
+        graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "matmul64", args,
+                                  [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)])
+        _MATMUL.append(ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])))
+    return _MATMUL[0].run(None, {"a": np.ascontiguousarray(a), "b": np.ascontiguousarray(b)})[0]
+
+
 def conv(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     """ONNX Conv (any number of spatial axes, groups, dilations, padding)."""
     attrs = attrs_of(node)
@@ -79,7 +99,7 @@ def conv(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.n
         cols = np.moveaxis(cols, 2, 2 + n_spatial)  # N, G, *out, cg, *k
         cols = cols.reshape(n, group, int(np.prod(out_shape)), cg * int(np.prod(kernel)))
         wm = w.reshape(group, m // group, -1)  # G, mg, cg*K
-        y = np.stack([np.concatenate([wm[g] @ cols[i, g].T for g in range(group)]) for i in range(n)])  # N, M, P
+        y = np.stack([np.concatenate([matmul(wm[g], cols[i, g].T) for g in range(group)]) for i in range(n)])
         y = y.reshape((n, m) + tuple(out_shape))
     if bias is not None:
         y = y + bias.reshape((1, -1) + (1,) * n_spatial)

@@ -22,7 +22,7 @@ purpose: a checker that shares the code it checks cannot find its mistakes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import onnx_ir as ir
@@ -197,14 +197,13 @@ def derived_ranges(model: Model) -> dict[str, tuple[float, float, bool, bool]]:
 
 
 def observed_ranges(model: Model, reference: Any, names: Iterable[str], samples: int | None = None,
-                    executor: Any = None, kept: dict[int, dict[str, np.ndarray]] | None = None,
-                    keep: Iterable[str] = ()) -> dict[str, _Seen]:
+                    executor: Any = None, each: Callable[[int, dict[str, np.ndarray]], None] | None = None
+                    ) -> dict[str, _Seen]:
     """Run ``model`` on the reference samples one at a time and keep, for each tensor of ``names``, its range,
-    whether it is integer and whether it holds 0 (and a first non-integer value). The tensors ``keep`` are kept in
-    ``kept`` for the samples it has keys for (for other checks that need them, without running the model again)."""
+    whether it is integer and whether it holds 0 (and a first non-integer value). ``each(i, values)`` is called
+    with every tensor of sample ``i`` (for other checks that need them, without running the model again)."""
     seen = {n: _Seen() for n in names}
-    keep = set(keep)
-    if not seen and not keep:
+    if not seen and each is None:
         return seen
     ex = executor if executor is not None else executor_with_outputs(model, [])
     n = reference.num_samples if samples is None else min(samples, reference.num_samples)
@@ -213,19 +212,19 @@ def observed_ranges(model: Model, reference: Any, names: Iterable[str], samples:
         for name, s in seen.items():
             if name in values:
                 s.add(values[name])
-        if kept is not None and keep and i in kept:
-            kept[i] = {k: values[k] for k in keep if k in values}
+        if each is not None:
+            each(i, values)
         del values
     return seen
 
 
 def check_annotations(model: Any, reference: Any = None, *, samples: int | None = None, executor: Any = None,
-                      kept: dict[int, dict[str, np.ndarray]] | None = None, keep: Iterable[str] = (),
+                      each: Callable[[int, dict[str, np.ndarray]], None] | None = None,
                       derived: dict[str, tuple[float, float, bool, bool]] | None = None) -> list[AnnotationIssue]:
     """Every false integer datatype claim of ``model`` (module docstring). With ``reference`` (a
     :class:`verify.ReferenceData`) the activations are also checked against the values seen on its samples (the
-    first ``samples``, all by default; ``executor``: an executor of ``model`` to run them with; ``keep``: tensors
-    whose values are returned per sample in ``kept``, see :func:`observed_ranges`; ``derived``: the model's
+    first ``samples``, all by default; ``executor``: an executor of ``model`` to run them with; ``each``: called
+    with every tensor of each sample, see :func:`observed_ranges`; ``derived``: the model's
     :func:`derived_ranges`, if the caller has them)."""
     m = model if isinstance(model, Model) else Model(model, check=False)
     issues: list[AnnotationIssue] = []
@@ -266,7 +265,7 @@ def check_annotations(model: Any, reference: Any = None, *, samples: int | None 
                 issues.append(AnnotationIssue(name, node_label(node) if node is not None else None, dt.name, source,
                                               f"its {what} hold {why}"))
     if reference is not None:
-        seen = observed_ranges(m, reference, [name for name, _, _, _ in claims], samples, executor, kept, keep)
+        seen = observed_ranges(m, reference, [name for name, _, _, _ in claims], samples, executor, each)
         reported = {(i.tensor, i.source) for i in issues}
         for name, node, dt, source in claims:
             s = seen.get(name)

@@ -36,7 +36,7 @@ import onnx_ir as ir
 from custom_ops.executor import Executor
 from finnlite.errors import VerificationError
 from finnlite.model import Model, as_model
-from verify.annotations import AnnotationIssue, check_annotations, derived_ranges
+from verify.annotations import AnnotationIssue, check_annotations, derived_ranges, observed_ranges
 from verify.compare import is_integer_tensor, quant_step
 from verify.reference import ReferenceData
 from verify.region import (constant_tensors, descendants, executor_with_outputs, node_label, run_nodes,
@@ -371,23 +371,33 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     # the streamlined model first, its executor dropped before the original's are built: never both in memory
     if proofs:
         result.weight_issues = compare_weights(m, reference.original())
+    # one run of the streamlined model per sample, every tensor: the annotations' values, the proofs' inputs and
+    # the outputs (with the integer tensors before their tails)
     executor = executor_with_outputs(m, extra)
     keep = proof_inputs(m, reference) if proofs else set()
-    kept: dict[int, dict[str, np.ndarray]] = {i: {} for i in range(min(n, proof_samples(reference)))}
+    kept: dict[int, dict[str, np.ndarray]] = {i: {} for i in range(min(n, proof_samples(reference)))} if keep else {}
+    want = set(m.output_names) | set(extra)
+    slices: list[dict[str, np.ndarray]] = [{} for _ in range(n)]
+
+    def each(i: int, values: dict[str, np.ndarray]) -> None:
+        slices[i] = {k: values[k] for k in want}
+        if i in kept:
+            kept[i] = {k: values[k] for k in keep if k in values}
+
     ranges = derived_ranges(m) if annotations or keep else None
-    if annotations or keep:  # a sample at a time, every tensor
-        issues = check_annotations(m, reference, executor=executor, kept=kept, keep=keep, derived=ranges)
-        result.annotation_issues = issues if annotations else []
+    if annotations:
+        result.annotation_issues = check_annotations(m, reference, executor=executor, each=each, derived=ranges)
+    else:
+        observed_ranges(m, reference, [], executor=executor, each=each)
+    del executor
     outputs64: dict[int, dict[str, np.ndarray]] = {}  # the original's, from the proofs' float64 runs
-    if keep and kept:
+    if kept:
         try:
             result.proof_issues = prove_thresholds(m, reference, [kept[i] for i in sorted(kept)], sorted(kept),
                                                    ranges=ranges, outputs64=outputs64)
         except Exception as exc:  # noqa: BLE001 - a proof that cannot run proves nothing; the other checks stand
             log.warning("could not compare the thresholds with the original quantizers: %s", exc)
         kept.clear()
-    got = executor.run(reference.inputs)
-    del executor
     ref32 = reference.outputs(np.float32)
     lazy64 = _LazyFloat64(reference, b0) if float64 == "mismatch" else None
     if lazy64 is not None:
@@ -398,7 +408,6 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
         result.float64_error = f"{type(exc).__name__}: {exc}"
         ref64 = None
     ref64_all = ref64
-    slices = [{k: _slice(v, i, b0) for k, v in got.items()} for i in range(n)]
     runners: dict[str, Any] = {}
     in64: Any = None
     for out in m.output_names:

@@ -119,22 +119,24 @@ def _after_join(original: Model, z: str, depth: int = 8) -> bool:
 
 def _matches(model: Model, original: Model) -> list[_Match]:
     found = []
+    producers = {o.name: n for n in original.graph for o in n.outputs}  # (a name lookup that misses is O(nodes))
+    named = {n.name: n for n in original.graph}
     for node in model.graph:
         if node.op_type != "MultiThreshold" or not node.inputs or node.inputs[0] is None:
             continue
         a = node.inputs[0].name
         if not is_integer_tensor(model, a) or model.is_initializer(a):
             continue
-        q = original.find_producer(node.outputs[0].name)
+        q = producers.get(node.outputs[0].name)
         if (q is None or q.op_type not in _QUANTIZERS) and node.name.endswith("_MultiThreshold"):
-            q = original.get_node_from_name(node.name[:-len("_MultiThreshold")])
+            q = named.get(node.name[:-len("_MultiThreshold")])
         if q is None or q.op_type not in _QUANTIZERS or q.inputs[0] is None:
             continue
         z, relu = q.inputs[0].name, False
-        before = original.find_producer(z)
+        before = producers.get(z)
         if before is not None and before.op_type == "Relu" and before.inputs and before.inputs[0] is not None:
             z, relu = before.inputs[0].name, True
-        before = original.find_producer(z)
+        before = producers.get(z)
         if before is not None and before.op_type not in _AFFINE_BEFORE:
             continue  # a non-linear activation (Tanh, Sigmoid, PRelu, ...) between the layer and the quantizer
         layout = model.get_tensor_layout(a)
@@ -184,16 +186,17 @@ def _quantize(q: Any, original: Model, x: np.ndarray) -> np.ndarray | None:
 def _fits(a3: np.ndarray, z3: np.ndarray) -> list[tuple[float, float, float] | None]:
     """Per channel of ``[samples, C, rest]`` arrays: ``(A, B, worst residual in steps of A)`` of the least-squares
     ``z ≈ A·a + B``; None for a channel where ``a`` takes one value only."""
-    a = np.moveaxis(a3, 1, 0).reshape(a3.shape[1], -1)
-    z = np.moveaxis(z3, 1, 0).reshape(z3.shape[1], -1)
-    ac, zc = a - a.mean(1, keepdims=True), z - z.mean(1, keepdims=True)
-    big = np.sum(ac * ac, axis=1)
+    mean_a, mean_z = a3.mean(axis=(0, 2)), z3.mean(axis=(0, 2))
+    ac, zc = a3 - mean_a[:, None], z3 - mean_z[:, None]
+    big = np.einsum("scr,scr->c", ac, ac)
     with np.errstate(invalid="ignore", divide="ignore"):
-        slope = np.sum(ac * zc, axis=1) / big
-        bias = z.mean(1) - slope * a.mean(1)
-        resid = np.max(np.abs(z - (slope[:, None] * a + bias[:, None])), axis=1) / np.abs(slope)
+        slope = np.einsum("scr,scr->c", ac, zc) / big
+        ac *= slope[:, None]
+        zc -= ac  # the residual z − (A·a + B), in place
+        resid = np.abs(zc, out=zc).max(axis=(0, 2)) / np.abs(slope)
+    bias = mean_z - slope * mean_a
     return [(float(slope[c]), float(bias[c]), float(resid[c])) if big[c] > 0 and slope[c] != 0 else None
-            for c in range(a.shape[0])]
+            for c in range(a3.shape[1])]
 
 
 def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray | dict],
@@ -222,29 +225,26 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
         """The original's quantizer inputs on the samples (only those are kept of its tensors), computed once."""
         if dtype not in values:
             values[dtype] = []
-            for i in sample_ids:
-                every = reference.take_values(i, np.dtype(dtype))
-                values[dtype].append({z: np.asarray(every[z], np.float64) for z in wanted if z in every})
-                if outputs64 is not None and dtype == "float64" and all(o in every for o in outs):
-                    outputs64[i] = {o: np.asarray(every[o]) for o in outs}
-                del every
+            for i, got in reference.tensors(wanted, sample_ids, np.dtype(dtype)):
+                values[dtype].append({z: got[z] for z in wanted if z in got})  # as computed: float64 per match
+                if outputs64 is not None and dtype == "float64":
+                    outputs64[i] = {o: got[o] for o in outs}
         return values[dtype]
 
     for mt in matches:
         if any(mt.a not in s for s in samples) or any(mt.z not in v for v in original_values("float32")):
             continue
         a = np.stack([np.asarray(s[mt.a], np.float64) for s in samples])
-        z, nhwc = np.stack([v[mt.z] for v in original_values("float32")]), mt.nhwc
-        if z.ndim == 5 and (nhwc or (a.shape != z.shape and np.moveaxis(z, 2, 4).shape == a.shape)):
+        z_shape, nhwc = (len(samples),) + np.shape(original_values("float32")[0][mt.z]), mt.nhwc
+        moved = z_shape[:2] + z_shape[3:] + z_shape[2:3]  # NCHW -> NHWC
+        if len(z_shape) == 5 and (nhwc or (a.shape != z_shape and moved == a.shape)):
             nhwc = True  # the streamlined tensor is NHWC (annotated, or seen by its shape)
 
         def original_z(dtype: str, mt: _Match = mt, nhwc: bool = nhwc) -> np.ndarray:
-            z = np.stack([v[mt.z] for v in original_values(dtype)])
+            z = np.stack([v[mt.z] for v in original_values(dtype)]).astype(np.float64, copy=False)
             return _channels_first(np.moveaxis(z, 2, 4) if nhwc and z.ndim == 5 else z, nhwc)
 
-        if nhwc and z.ndim == 5:
-            z = np.moveaxis(z, 2, 4)
-        if a.shape != z.shape or a.ndim < 3:
+        if a.shape != (moved if nhwc and len(z_shape) == 5 else z_shape) or a.ndim < 3:
             continue
         a3 = _channels_first(a, nhwc)
         thr = const_array(mt.mt.inputs[1])

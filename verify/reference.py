@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -337,6 +337,18 @@ class ReferenceData:
         if key in self._values:
             return self._values.pop(key)
         return self._all_tensors(i, dtype)
+
+    def tensors(self, names: Iterable[str], samples: Iterable[int], dtype: Any = np.float32
+                ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """``(i, {name: value})`` for each sample ``i`` of ``samples``: the original's tensors ``names`` and its
+        outputs, from an executor that exposes only those (much faster than every tensor, :meth:`values`)."""
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self._proto)  # small: the large initializers are the executor's constants
+        have = {o.name for o in proto.graph.output}
+        proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in sorted(set(names) - have))
+        ex = Executor(proto, dtype=dtype, constants=dict(self._weights))
+        for i in samples:
+            yield i, ex.run(self.sample(i))
 
     def _all_tensors(self, i: int, dtype: Any) -> SampleValues:
         return SampleValues(self.executor(dtype).run(self.sample(i), return_all=True))

@@ -115,15 +115,13 @@ def compare_weights(model: Model, original: Model) -> list[WeightIssue]:
 
 def _proportional(ws: np.ndarray, wo: np.ndarray) -> str | None:
     """Why column ``c`` of ``ws`` is not ``λ_c`` times column ``c`` of ``wo`` (None if every column is)."""
-    zero_s, zero_o = ws == 0, wo == 0
-    pivot = np.argmax(np.abs(wo), axis=0)
-    cols = np.arange(ws.shape[1])
-    ref_o, ref_s = wo[pivot, cols], ws[pivot, cols]
+    # λ_c = ±max|ws_c| / max|wo_c|, its sign that of the columns' dot product (column maxima are fast, argmax is not)
+    top_s, top_o = np.abs(ws).max(axis=0, initial=0.0), np.abs(wo).max(axis=0, initial=0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        lam = np.where(ref_o != 0, ref_s / ref_o, 0.0)
+        lam = np.where(top_o > 0, np.sign(np.einsum("kc,kc->c", ws, wo)) * top_s / top_o, 0.0)
     err = np.abs(ws - lam[None, :] * wo)
-    tol = RTOL * np.maximum(np.abs(ws).max(axis=0, initial=0.0), 1e-30)[None, :]
-    bad = (zero_s != zero_o) | (err > tol)
+    tol = RTOL * np.maximum(top_s, 1e-30)[None, :]
+    bad = ((ws == 0) != (wo == 0)) | (err > tol)
     if not bad.any():
         return None
     k, c = (int(i) for i in np.argwhere(bad)[0])

@@ -200,3 +200,18 @@ def test_the_original_values_are_those_of_a_full_run() -> None:
     again.precompute(values=1)
     np.testing.assert_array_equal(again.outputs()["y"], outputs)
     assert np.array_equal(again.values(0)["q1"], first["q1"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_selected_tensors_are_those_of_the_full_run(dtype: type) -> None:
+    """``tensors`` (an executor exposing only some tensors) computes what the run exposing every tensor does."""
+    model, _ = _weighted_model()
+    ref = ReferenceData.random(model, n=3, seed=2)
+    got = dict(ref.tensors(["h"], [2, 0], dtype))
+    assert list(got) == [2, 0]
+    for i, values in got.items():
+        assert set(values) == {"h", "y"}
+        every = ref.values(i, dtype)
+        for name in ("h", "y"):
+            assert values[name].dtype == dtype
+            np.testing.assert_array_equal(values[name], every[name])
