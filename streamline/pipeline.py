@@ -37,6 +37,7 @@ from streamline.join import IntegerJoinMultipliers
 from streamline.join_conv import IntegerConvInputScales
 from streamline.reduce import REDUCE_PASSES
 from streamline.preprocess import MoveAddPastPaddedConv
+from streamline.border import AbsorbBorderIntoThresholds
 from streamline.reorder import REORDER_PASSES
 from streamline.tidy import TIDY_PASSES, MakeNodeNamesUnique
 
@@ -55,7 +56,7 @@ def streamline_passes() -> list:
     branches read only by thresholds take integer multipliers (:mod:`streamline.join`) before the reorder rules
     would equalize their scales by the exact ratio."""
     return [InferDataTypes, *COLLAPSE_PASSES, IntegerJoinMultipliers, IntegerConvInputScales,
-            *REORDER_PASSES, *REDUCE_PASSES, MoveAddPastPaddedConv, *ABSORB_PASSES,
+            *REORDER_PASSES, *REDUCE_PASSES, AbsorbBorderIntoThresholds, MoveAddPastPaddedConv, *ABSORB_PASSES,
             *MONOTONE_PASSES, RemoveDeadNodes, InferDataTypes, MaterializeThresholds]
 
 
