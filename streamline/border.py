@@ -16,7 +16,7 @@ one after it), number them from 0, stepping the number each time a ``D`` is foll
 than the last number and ``pos`` each point's number, ``T_k = L·⌊e_k⌋ + pos(e_k)`` and ``d_g = L·⌊D_g⌋ + pos(D_g)``
 give, for every integer ``a``: ``a + D_g ≥ e_k ⇔ L·a + d_g ≥ T_k`` (both sides reduce to ``A ≥ 0`` or ``A ≥ 1`` for
 the integer ``A = a + ⌊D_g⌋ − ⌊e_k⌋``, chosen by the same order). So the Conv takes the weights ``L·W`` (``L`` per
-output channel, at most one more than the number of border patterns), an integer per-position ``Add(d)`` follows
+output channel, at most the number of border patterns, 1 without a border), an integer per-position ``Add(d)`` follows
 it (FINN: an integer ElementwiseAdd layer) and the thresholds are the integers ``T``. The rewrite re-checks
 ``⌈(T_k − d_g)/L⌉`` against the exact per-position thresholds with Fractions before it edits anything.
 """
@@ -81,23 +81,31 @@ def _tap_sums(conv: ir.Node, w: np.ndarray, in_shape: tuple[int, ...]) -> np.nda
 
 def border_plan(e: list[Fraction | float], strict: list[bool], d: list[Fraction]) -> tuple[int, list, list[int]]:
     """``(L, T, d_int)`` for one output channel (module docstring): ``e`` the thresholds on ``a + D`` (±inf allowed),
-    ``d`` the exact biases ``D_g`` of the border patterns."""
-    points = []  # (fraction, order at equal fractions, kind, index)
+    ``d`` the exact biases ``D_g`` of the border patterns. The circle of fractional parts is cut before the point
+    that gives the least ``L`` (subtracting one constant from every ``e`` and ``D`` changes no comparison; a point
+    before the cut counts its integer part one less)."""
+    points = []  # (fractional part, order at equal fractional parts, kind, index, integer part)
     for k, (ek, st) in enumerate(zip(e, strict)):
         if isinstance(ek, Fraction):
-            points.append((ek - math.floor(ek), 2 if st else 0, "e", k))
+            points.append((ek - math.floor(ek), 2 if st else 0, "e", k, math.floor(ek)))
     for g, dg in enumerate(d):
-        points.append((dg - math.floor(dg), 1, "d", g))
+        points.append((dg - math.floor(dg), 1, "d", g, math.floor(dg)))
     points.sort(key=lambda p: (p[0], p[1]))
-    pos, prev, where = 0, None, {}
-    for _, _, kind, idx in points:
-        if kind == "e" and prev == "d":
-            pos += 1
-        where[(kind, idx)] = pos
-        prev = kind
-    big_l = pos + 1
-    t = [big_l * math.floor(ek) + where[("e", k)] if isinstance(ek, Fraction) else ek for k, ek in enumerate(e)]
-    dint = [big_l * math.floor(dg) + where[("d", g)] for g, dg in enumerate(d)]
+    best = None
+    for start in [0] + [i for i, p in enumerate(points) if p[2] == "e"]:
+        pos, prev, where = 0, None, {}
+        for i in list(range(start, len(points))) + list(range(start)):
+            _, _, kind, idx, whole = points[i]
+            if kind == "e" and prev == "d":
+                pos += 1
+            where[(kind, idx)] = (pos, whole - (1 if i < start else 0))
+            prev = kind
+        if best is None or pos + 1 < best[0]:
+            best = (pos + 1, where)
+    big_l, where = best
+    t = [big_l * where[("e", k)][1] + where[("e", k)][0] if isinstance(ek, Fraction) else ek
+         for k, ek in enumerate(e)]
+    dint = [big_l * where[("d", g)][1] + where[("d", g)][0] for g in range(len(d))]
     return big_l, t, dint
 
 
@@ -179,7 +187,9 @@ class AbsorbBorderIntoThresholds(Rule):
                     if isinstance(ek, Fraction) and -((dint[g] - t[k]) // big_l) != _exact_threshold(
                             ek - d[g], bool(strict[oc][k])):
                         raise AssertionError(f"{self.name}: border plan is wrong at channel {oc}, pattern {g}")
-            span = big_l * max(abs(lo), abs(hi)) * float(np.abs(w[oc]).sum()) + max(abs(v) for v in dint)
+            pos_w, neg_w = float(w[oc][w[oc] > 0].sum()), float(w[oc][w[oc] < 0].sum())
+            acc = max(abs(pos_w * lo + neg_w * hi), abs(pos_w * hi + neg_w * lo))
+            span = big_l * acc + max(abs(v) for v in dint)
             finite = [abs(v) for v in t if isinstance(v, int)]
             if span >= _EXACT_F32 or (finite and max(finite) >= _EXACT_F32):
                 return f"the integer border form of output channel {oc} needs integers beyond 2^24 (L={big_l})"

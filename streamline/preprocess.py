@@ -8,8 +8,10 @@ is the model *with* the preprocessing (the original fed with the same preprocess
 the formula as written, in float32: ``Mul(scale) → Sub(mean) → Div(std)``; the tidy and streamlining stages turn
 them into one scalar Mul and a per-channel Add (exactly).
 
-:class:`MoveAddPastPaddedConv` then moves the per-channel Add past a zero-padded first Conv; the scalar Mul passes
-it with ``MoveMulPastConv``. A per-channel ``std`` gives a per-channel Mul, which cannot pass a Conv with integer
+Before a zero-padded first Conv followed by thresholds, :class:`streamline.border.AbsorbBorderIntoThresholds` takes
+the scalar Mul and the per-channel Add into an integer per-position Add after the Conv and integer thresholds
+(exact; the padded border sees 0, not the mean). Elsewhere :class:`MoveAddPastPaddedConv` moves the per-channel Add
+past a zero-padded first Conv as a float per-position Add; the scalar Mul passes it with ``MoveMulPastConv``. A per-channel ``std`` gives a per-channel Mul, which cannot pass a Conv with integer
 weights (it would scale input channels inside each output's sum): the first layer then stays float, and the
 integer-only report says why — use one ``std`` for every channel (Brevitas' ImageNet examples use 0.226).
 """
