@@ -67,16 +67,20 @@ def integer_input_scale(model: Any, v: ir.Value) -> tuple[ir.Value, Fraction, li
     return None
 
 
-def _tap_sums(conv: ir.Node, w: np.ndarray, in_shape: tuple[int, ...]) -> np.ndarray:
-    """``S[c, o, *out]``: the sum of ``W[o, c, k]`` over the taps inside the image at each output position, for
-    each input channel ``c`` (the Conv of a one-hot channel of ones; integer sums, exact in float64)."""
-    from streamline.preprocess import _conv64
+def _inside_taps(conv: ir.Node, kernel: tuple[int, ...], in_shape: tuple[int, ...]) -> np.ndarray:
+    """``M[tap, *out]``: 1 where the kernel tap falls inside the image at that output position, else 0 (the Conv's
+    geometry applied to one channel of ones with one one-hot kernel per tap)."""
+    import onnx
 
-    c = in_shape[1]
-    ones = np.zeros((c, c) + tuple(in_shape[2:]), np.float64)
-    for i in range(c):
-        ones[i, i] = 1.0
-    return _conv64(conv, ones, w.astype(np.float64))
+    from custom_ops.float64_ops import conv as conv64
+
+    taps = int(np.prod(kernel))
+    eye = np.eye(taps, dtype=np.float64).reshape((taps, 1) + tuple(kernel))
+    attrs = [ir.serde.serialize_attribute(a) for k, a in conv.attributes.items() if k != "group"]
+    proto = onnx.helper.make_node("Conv", ["x", "w"], ["y"], name=conv.name)
+    proto.attribute.extend(attrs)
+    ones = np.ones((1, 1) + tuple(in_shape[2:]), np.float64)
+    return conv64(proto, [ones, eye])[0][0]
 
 
 def border_plan(e: list[Fraction | float], strict: list[bool], d: list[Fraction]) -> tuple[int, list, list[int]]:
@@ -159,12 +163,16 @@ class AbsorbBorderIntoThresholds(Rule):
     def _plan(self, model: Any, node: ir.Node, conv: ir.Node, w: np.ndarray, in_shape: tuple[int, ...],
               p: list[Fraction], s: Fraction, x: ir.Value) -> Any:
         """The integer form, or why there is none."""
-        sums = _tap_sums(conv, w, in_shape)  # C, O, *out
-        c, o = sums.shape[0], sums.shape[1]
-        flat = np.ascontiguousarray(np.moveaxis(sums.reshape(c, o, -1), 2, 0)).reshape(-1, c * o)
-        patterns, index = np.unique(flat, axis=0, return_inverse=True)
+        mask = _inside_taps(conv, tuple(w.shape[2:]), in_shape)  # taps, *out
+        out_spatial = mask.shape[1:]
+        patterns, index = np.unique(mask.reshape(mask.shape[0], -1).T, axis=0, return_inverse=True)
         index = index.reshape(-1)
+        o, cg = w.shape[0], w.shape[1]
+        groups = int(_conv_attrs(conv).get("group", 1))
+        c = in_shape[1]
         p = p * c if len(p) == 1 else p
+        # S[o, c_local, g]: the integer sum of W[o, c_local, tap] over the taps inside in pattern g
+        sums = np.einsum("ock,gk->ocg", w.reshape(o, cg, -1).astype(np.float64), patterns)
         rt = real_thresholds_of(model, node)
         if rt.shape[0] not in (1, o):
             return f"{rt.shape[0]} threshold rows for a Conv with {o} output channels"
@@ -175,7 +183,8 @@ class AbsorbBorderIntoThresholds(Rule):
         lo, hi = float(dt.min()), float(dt.max())
         scale, table, thresholds = [], np.zeros((o, len(patterns)), np.float64), []
         for oc in range(o):
-            d = [sum((p[ci] * int(patterns[g].reshape(c, o)[ci, oc]) for ci in range(c)), Fraction(0))
+            first = (oc // (o // groups)) * cg  # the group's first input channel
+            d = [sum((p[first + ci] * int(sums[oc, ci, g]) for ci in range(cg)), Fraction(0))
                  for g in range(len(patterns))]
             e = [v / s if isinstance(v, Fraction) else float(v) for v in real[oc]]
             big_l, t, dint = border_plan(e, list(strict[oc]), d)
@@ -196,7 +205,7 @@ class AbsorbBorderIntoThresholds(Rule):
             scale.append(big_l)
             table[oc] = dint
             thresholds.append(t)
-        bias = table[:, index].reshape((1, o) + tuple(sums.shape[2:]))
+        bias = table[:, index].reshape((1, o) + tuple(out_spatial))
         return np.array(scale, np.float64), bias, np.array(thresholds, np.float64)
 
     def rewrite(self, model: "Model", match: Any) -> None:

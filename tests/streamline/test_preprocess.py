@@ -155,3 +155,4 @@ def test_zoo_first_layer_reads_uint8(name: str) -> None:
     print(f"{name}: first MatMul input {first}; {report.verification.final.summary()}; float nodes "
           f"{report.float_nodes.names()}")
     assert first == "UINT8"
+    assert report.float_nodes.integer_only, report.float_nodes.text()  # resnet18: its padded border is integer
