@@ -38,6 +38,7 @@ from streamline.join_conv import IntegerConvInputScales
 from streamline.pool_sign import AbsorbChannelSignIntoMultiThreshold
 from streamline.reduce import REDUCE_PASSES
 from streamline.preprocess import MoveAddPastPaddedConv
+from streamline.border import AbsorbBorderIntoThresholds
 from streamline.reorder import REORDER_PASSES
 from streamline.tidy import TIDY_PASSES, MakeNodeNamesUnique
 
@@ -56,7 +57,7 @@ def streamline_passes() -> list:
     branches read only by thresholds take integer multipliers (:mod:`streamline.join`) before the reorder rules
     would equalize their scales by the exact ratio."""
     return [InferDataTypes, *COLLAPSE_PASSES, IntegerJoinMultipliers, IntegerConvInputScales,
-            *REORDER_PASSES, *REDUCE_PASSES, MoveAddPastPaddedConv, *ABSORB_PASSES,
+            *REORDER_PASSES, *REDUCE_PASSES, AbsorbBorderIntoThresholds, MoveAddPastPaddedConv, *ABSORB_PASSES,
             AbsorbChannelSignIntoMultiThreshold,
             *MONOTONE_PASSES, RemoveDeadNodes, InferDataTypes, MaterializeThresholds]
 

@@ -8,8 +8,10 @@ is the model *with* the preprocessing (the original fed with the same preprocess
 the formula as written, in float32: ``Mul(scale) → Sub(mean) → Div(std)``; the tidy and streamlining stages turn
 them into one scalar Mul and a per-channel Add (exactly).
 
-:class:`MoveAddPastPaddedConv` then moves the per-channel Add past a zero-padded first Conv; the scalar Mul passes
-it with ``MoveMulPastConv``. A per-channel ``std`` gives a per-channel Mul, which cannot pass a Conv with integer
+Before a zero-padded first Conv followed by thresholds, :class:`streamline.border.AbsorbBorderIntoThresholds` takes
+the scalar Mul and the per-channel Add into an integer per-position Add after the Conv and integer thresholds
+(exact; the padded border sees 0, not the mean). Elsewhere :class:`MoveAddPastPaddedConv` moves the per-channel Add
+past a zero-padded first Conv as a float per-position Add; the scalar Mul passes it with ``MoveMulPastConv``. A per-channel ``std`` gives a per-channel Mul, which cannot pass a Conv with integer
 weights (it would scale input channels inside each output's sum): the first layer then stays float, and the
 integer-only report says why — use one ``std`` for every channel (Brevitas' ImageNet examples use 0.226).
 """
@@ -159,6 +161,29 @@ def _integer_through_scalar_muls(model: "Model", v: ir.Value) -> bool:
     return False
 
 
+def _thresholds_ahead(conv: ir.Node) -> bool:
+    """True if the Conv's output reaches a MultiThreshold through at least one single-use Relu or Mul/Add by a
+    scalar or per-channel constant: the absorb rules will clear them, and AbsorbBorderIntoThresholds then takes the
+    Add exactly."""
+    v, steps = conv.outputs[0], 0
+    for _ in range(8):
+        uses = list(v.uses())
+        if len(uses) != 1 or v.is_graph_output():
+            return False
+        nxt = uses[0].node
+        if nxt.op_type == "MultiThreshold":
+            return steps > 0
+        if not is_standard_domain(nxt.domain) or nxt.op_type not in ("Mul", "Add", "Relu"):
+            return False
+        if nxt.op_type != "Relu":
+            c = next((const_array(i) for i in nxt.inputs if i is not None and const_array(i) is not None), None)
+            rank = len(v.shape) if v.shape is not None else 0
+            if c is None or rank == 0 or channel_vector(c, rank, 1) is None:
+                return False
+        v, steps = nxt.outputs[0], steps + 1
+    return False
+
+
 @register_pass(group="reorder")
 class MoveAddPastPaddedConv(Rule):
     """Conv(Add(x, b), W) with zero padding → Add(Conv(x, W), B), ``B[o, h, w] = Σ_{c, k inside} W[o, c, k]·b_c``.
@@ -169,7 +194,9 @@ class MoveAddPastPaddedConv(Rule):
     rounded to float32 (the Add it makes stays a float node: a per-position bias cannot become thresholds).
     Conditions: b scalar or per input channel; the Add feeds only the Conv; W constant; x an integer tensor, possibly
     scaled by scalar Muls (the preprocessing of an integer input, the one case where moving the Add lets the Conv
-    read integers; ``MoveAddPastConv`` handles unpadded Convs)."""
+    read integers; ``MoveAddPastConv`` handles unpadded Convs). Where thresholds follow the Conv,
+    :class:`streamline.border.AbsorbBorderIntoThresholds` takes the Add exactly and integer instead: this rule
+    waits while Mul/Add/Relu nodes the absorb rules clear stand between, and applies where that rule does not."""
 
     op_types = ("Conv",)
 
@@ -180,6 +207,9 @@ class MoveAddPastPaddedConv(Rule):
             return None
         if not _integer_through_scalar_muls(model, lin[0].inputs[1 - lin[1]]):
             return None
+        if _thresholds_ahead(node):
+            return self.miss(node, "waiting for the thresholds after the Conv to take the border exactly "
+                                   "(AbsorbBorderIntoThresholds)")
         rank = rank_of(node.inputs[0], constants=False)
         shape = model.get_tensor_shape(node.inputs[0].name)
         if rank is None or shape is None or any(d is None for d in shape) or node.outputs[0].shape is None:

@@ -1,7 +1,8 @@
 """FINN's next step on finnlite's outputs (issues 23 and 26), in the side environment of ``setup_env.sh``.
 
-Every zoo model (the two ImageNet ones also with the README's input preprocessing, ``*_pre``) and every committed
-corpus model is streamlined here (the default pipeline, final check), then handed to finn-plus 1.6.1 in the side
+Every zoo model (the two ImageNet ones also with the README's input preprocessing, ``*_pre``), every committed
+corpus model and ProxylessNAS from the corpus cache (``$FINNLITE_CORPUS``, made by ``tests/corpus/export_imagenet.py``;
+with the preprocessing, skipped when the export is absent) is streamlined here (the default pipeline, final check), then handed to finn-plus 1.6.1 in the side
 environment (``$FINNLITE_FINN_PYTHON``; the tests skip, saying so, without it): ``handoff.py`` runs FINN's
 ``step_convert_to_hw``, ``step_minimize_bit_width_initial`` and ``step_create_dataflow_partition``. A model passes
 when FINN's unsupported-layers analysis passes and the accelerator is one partition, with nothing left in software
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.corpus.check import committed_entries, model_path
+from tests.corpus.check import cache_dir, committed_entries, model_path
 from tests.zoo import ZOO_MODELS, manifest, random_input, zoo_available, zoo_dir
 
 HERE = Path(__file__).resolve().parent
@@ -32,6 +33,8 @@ HANDOFF = HERE / "handoff.py"
 LAYOUT = ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Shuffle")
 #: the README's input preprocessing (ImageNet) for the zoo models that read the float input
 PREPROCESSED = ("mobilenet_v1_4b", "resnet18_4w4a_ts")
+#: the same for ImageNet exports of the corpus cache (no input quantizer either)
+CACHED_PREPROCESSED = ("quant_proxylessnas_mobile14_4b",)
 
 pytestmark = pytest.mark.slow
 
@@ -64,10 +67,6 @@ KNOWN_GAPS: dict[str, str] = {
     **{m: "the first Conv reads the float input (no input quantizer): its Im2Col and float MatMul stay in software "
           f"before the accelerator (one partition); with the README's preprocessing see {m}_pre"
        for m in PREPROCESSED},
-    "resnet18_4w4a_ts_pre": "the ImageNet mean before the zero-padded first Conv leaves a per-position float Add "
-                            "(1x32x32x64) and the input scale's Mul before the first thresholds (README, QDQ models "
-                            "and input preprocessing): FINN maps them to float ElementwiseMul/ElementwiseAdd layers "
-                            "inside the accelerator",
 }
 
 
@@ -81,6 +80,11 @@ def _models() -> dict[str, dict[str, Any]]:
             models[name] = {"path": path, "range": tuple(entry["input_range"]), "pre": False}
             if name in PREPROCESSED:
                 models[f"{name}_pre"] = {"path": path, "range": None, "pre": True}
+    for name in CACHED_PREPROCESSED:
+        path = cache_dir() / f"{name}.onnx"
+        missing = None if path.is_file() else (f"{path} not found: export it with '/work/side/venv/bin/python "
+                                               "tests/corpus/export_imagenet.py' or set FINNLITE_CORPUS")
+        models[f"{name}_pre"] = {"path": path, "range": None, "pre": True, "missing": missing}
     for name, entry in sorted(committed_entries().items()):
         models[name] = {"path": model_path(entry), "range": tuple(entry["input_range"]), "pre": False,
                         "error": entry.get("error")}
@@ -117,7 +121,7 @@ def handoff(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     results: dict[str, Any] = {}
     paths = []
     for name, spec in _models().items():
-        if spec.get("error"):
+        if spec.get("error") or spec.get("missing"):
             continue
         out = work / f"{name}.onnx"
         try:
@@ -180,6 +184,8 @@ def test_finn_takes_the_model(name: str, handoff: dict[str, Any]) -> None:
     spec = _models()[name]
     if spec.get("error"):
         pytest.skip(f"the exporter failed on this model: {spec['error']}")
+    if spec.get("missing"):
+        pytest.skip(spec["missing"])
     result = handoff[name]
     found = problems(result)
     assert not found, f"{name}: " + "; ".join(found)
@@ -189,7 +195,7 @@ def test_known_gaps_name_models() -> None:
     """Every gap names a model of the corpus or the zoo (a renamed model must not hide a stale entry)."""
     from tests.corpus.check import corpus_names
 
-    known = corpus_names() | set(ZOO_MODELS) | {f"{m}_pre" for m in PREPROCESSED}
+    known = corpus_names() | set(ZOO_MODELS) | {f"{m}_pre" for m in PREPROCESSED + CACHED_PREPROCESSED}
     stale = [name for name in KNOWN_GAPS if name not in known]
     assert not stale, f"KNOWN_GAPS names models that do not exist: {stale}"
 

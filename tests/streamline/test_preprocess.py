@@ -72,11 +72,10 @@ def test_conv_first_layer_reads_integers(pad: int) -> None:
     model, report = _run(_conv_net(pad), Preprocessing("UINT8", 1 / 255, MEAN, STD))
     assert _first_matmul_input_type(model) == "UINT8"
     floats = report.float_nodes
-    if pad == 0:
-        assert floats.integer_only, floats.text()
-    else:  # the border bias varies per position: it stays a float Add (and the scale Mul before it)
-        assert all("preprocess" in n for n in floats.names()), floats.text()
-        assert any(n.op_type == "Add" and n.name.endswith("_past_conv") for n in model.graph)
+    assert floats.integer_only, floats.text()
+    if pad == 1:  # the border bias varies per position: an integer Add (AbsorbBorderIntoThresholds)
+        border = [n for n in model.graph if n.op_type == "Add" and n.name.endswith("_border_add")]
+        assert len(border) == 1 and model.get_tensor_datatype(border[0].outputs[0].name).signed()
 
 
 def test_matmul_first_layer_with_per_feature_mean() -> None:
@@ -156,3 +155,4 @@ def test_zoo_first_layer_reads_uint8(name: str) -> None:
     print(f"{name}: first MatMul input {first}; {report.verification.final.summary()}; float nodes "
           f"{report.float_nodes.names()}")
     assert first == "UINT8"
+    assert report.float_nodes.integer_only, report.float_nodes.text()  # resnet18: its padded border is integer
