@@ -286,6 +286,7 @@ class InferDataTypes(Transformation):
             r = ranges.get(name)
             if name in thresholds or r is None or not model.has_tensor_datatype(name):
                 continue
-            if is_integer_type(model.get_tensor_datatype(name)) and is_integer_type(r.datatype()):
-                model.set_tensor_datatype(name, r.datatype())
+            dt, tight = model.get_tensor_datatype(name), r.datatype()
+            if is_integer_type(dt) and is_integer_type(tight) and dt != tight:
+                model.set_tensor_datatype(name, tight)
         return False
