@@ -4,7 +4,8 @@
   [--input-range LO HI] [--input-datatype UINT8 --input-scale 1/255 --mean M.. --std S..] [--report report.html]
   [--json]`` runs the default pipeline (as configured), verifies the
   result (default: every pass, then the final check against the original), writes the model and prints a summary;
-* ``finnlite info MODEL`` prints the op histogram, datatypes and the inference cost;
+* ``finnlite info MODEL`` prints the op histogram, datatypes, the per-layer widths FINN sizes each MAC layer with
+  (weight, input, accumulator, output) and the inference cost;
 * ``finnlite passes`` lists the default stages and the registered passes;
 * ``finnlite exec MODEL inputs.npz`` runs the executor (the oracle) and prints or saves the outputs;
 * ``finnlite verify A.onnx B.onnx`` compares model B with model A on reference data;
@@ -127,6 +128,10 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"datatypes ({kind}): " + ", ".join(f"{k} x{v}" for k, v in dts[kind].items()))
     if not dts["weights"] and not dts["activations"]:
         print("datatypes: no annotations")
+    if cost.layers:
+        print("layers (the widths FINN sizes them with):")
+        for line in cost.layer_table():
+            print("  " + line)
     print("inference cost: " + cost.text())
     return 0
 
@@ -328,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=cmd_streamline)
 
-    p = sub.add_parser("info", help="op histogram, datatypes and inference cost of a model")
+    p = sub.add_parser("info", help="op histogram, datatypes, per-layer widths and inference cost of a model")
     p.add_argument("model")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.set_defaults(func=cmd_info)

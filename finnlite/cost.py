@@ -18,6 +18,11 @@ data-movement ops pass their input's datatype on; an accumulator of integer oper
 ``INT32`` (``SCALEDINT<32>`` if an operand is scaled); anything else is ``FLOAT32``. Ops without arithmetic cost
 (quantizers, thresholds, pooling, element-wise scaling, data movement) count nothing; other ops are listed as
 ``unsupported``. :func:`datatype_histogram` counts a model's datatype annotations.
+
+Each layer also carries the widths FINN builds it with (``finnlite info``'s layer table,
+:meth:`InferenceCost.layer_table`): its weight and input datatypes, the accumulator FINN's MinimizeAccumulatorWidth
+sizes from the weights' values and the input datatype (:mod:`finnlite.ranges`), and the output (the fused
+MultiThreshold's, else the accumulator).
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ import onnx_ir as ir
 from custom_ops.bipolar_quant import bipolar_quant
 from custom_ops.common import by_rows, MAX_BITWIDTH
 from custom_ops.quant import quant_rows
-from finnlite.datatypes import BaseDataType, DataType, int_type
+from finnlite.datatypes import BaseDataType, DataType, int_type, is_integer_type, tightest_datatype
 from finnlite.model import Model, as_model
+from finnlite.ranges import accumulator_range, weight_sums
 from finnlite.shapes import const_array
 from finnlite.tensors import DepthwiseWeight
 
@@ -65,6 +71,15 @@ class LayerCost:
     macs: float
     weight_elems: float
     output_elems: float
+    #: the accumulator's datatype, as FINN's MinimizeAccumulatorWidth sizes it: the range of the products of the
+    #: weights' values with inputs anywhere in the input datatype's range (:mod:`finnlite.ranges`; for an
+    #: XnorPopcountMatMul, as FINN's binaryXnorMode: the bipolar weights 2W - 1 on the input's {0, 1}); "-" unless
+    #: the weights are integers and the input datatype is integer
+    acc_dt: str = "-"
+    #: the datatype of what FINN's layer outputs: that of the MultiThreshold it absorbs (the layer's only consumer),
+    #: else the accumulator (FINN's noActivation layers output it; FINN rounds it up to a multiple of 8 bits for a
+    #: layer with no successor)
+    finn_output_dt: str = "-"
 
     @property
     def bops(self) -> float:
@@ -151,6 +166,14 @@ class InferenceCost:
         if self.unsupported:
             lines.append(f"  not counted (unsupported ops): {', '.join(self.unsupported)}")
         return "\n".join(lines)
+
+    def layer_table(self) -> list[str]:
+        """Per MAC layer, the widths FINN builds it with: weight, input, accumulator and output datatypes (see
+        :class:`LayerCost`), one line each under a header."""
+        rows = [("layer", "op", "weight", "input", "accumulator", "output")]
+        rows += [(c.node, c.op_type, c.weight_dt, c.input_dt, c.acc_dt, c.finn_output_dt) for c in self.layers]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
 
 
 def format_count(n: float) -> str:
@@ -319,8 +342,41 @@ def _layer(an: _Analysis, node: ir.Node, discount_sparsity: bool) -> LayerCost |
         density = _density(weight)
         macs *= density
         w_elems *= density
-    return LayerCost(node.name or node.op_type, node.op_type, an.datatype(x).name, an.datatype(wdt_source).name,
-                     an.datatype(y).name, macs, w_elems, out_elems)
+    idt, fused = an.datatype(x), _fused_threshold(y)
+    acc = _accumulator(node, idt, weight if weight is wv else None)
+    return LayerCost(node.name or node.op_type, node.op_type, idt.name, an.datatype(wdt_source).name,
+                     an.datatype(y).name, macs, w_elems, out_elems, acc,
+                     an.datatype(fused).name if fused is not None else acc)
+
+
+def _accumulator(node: ir.Node, idt: BaseDataType, weight: Any) -> str:
+    """The accumulator datatype FINN sizes for MAC ``node`` from input datatype ``idt`` and its second operand's
+    constant value ``weight`` (see :class:`LayerCost`)."""
+    if weight is None or not is_integer_type(idt):
+        return "-"
+    if node.op_type == "XnorPopcountMatMul":  # FINN's binaryXnorMode sizes it as the bipolar weights on {0, 1}
+        weight = 2 * np.asarray(weight, dtype=np.float64) - 1
+    attrs = {k: a.value for k, a in node.attributes.items()}
+    if node.op_type == "Gemm" and int(attrs.get("transA", 0)):
+        return "-"
+    op = "GemmT" if node.op_type == "Gemm" and int(attrs.get("transB", 0)) else node.op_type
+    sums = weight_sums(weight, op)
+    if sums is None or not sums[2]:
+        return "-"
+    lo, hi = float(idt.min()), float(idt.max())
+    if node.op_type == "Conv" and (any(attrs.get("pads", [])) or attrs.get("auto_pad", "NOTSET") not in
+                                   ("NOTSET", "VALID")):
+        lo, hi = min(lo, 0.0), max(hi, 0.0)  # the padding zeros
+    return tightest_datatype(*accumulator_range(lo, hi, sums)).name
+
+
+def _fused_threshold(y: ir.Value) -> ir.Value | None:
+    """The output of the MultiThreshold FINN fuses into the layer producing ``y`` (its only consumer), or None."""
+    uses = list(y.uses())
+    if len(uses) == 1 and not y.is_graph_output() and uses[0].node.op_type == "MultiThreshold" \
+            and uses[0].idx == 0 and uses[0].node.outputs:
+        return uses[0].node.outputs[0]
+    return None
 
 
 def inference_cost(model: Any, *, discount_sparsity: bool = True) -> InferenceCost:

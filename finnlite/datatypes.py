@@ -12,8 +12,8 @@ from qonnx.core.datatype import BaseDataType, DataType
 
 from finnlite.errors import DataTypeError
 
-__all__ = ["DataType", "BaseDataType", "parse_datatype", "smallest_int_type", "int_type", "datatype_of_values",
-           "is_integer_type"]
+__all__ = ["DataType", "BaseDataType", "parse_datatype", "smallest_int_type", "tightest_datatype", "int_type",
+           "datatype_of_values", "is_integer_type"]
 
 
 def parse_datatype(name: str | BaseDataType) -> BaseDataType:
@@ -68,7 +68,13 @@ def datatype_of_values(values: np.ndarray) -> BaseDataType:
         return DataType["FLOAT32"]
     if not np.all(np.isfinite(arr)) or not np.array_equal(arr, np.round(arr)):
         return DataType["FLOAT32"]
-    uniq_min, uniq_max = float(arr.min()), float(arr.max())
-    if uniq_min == -1 and uniq_max == 1 and not np.any(arr == 0):
+    return tightest_datatype(float(arr.min()), float(arr.max()), has_zero=bool(np.any(arr == 0)))
+
+
+def tightest_datatype(vmin: float, vmax: float, has_zero: bool = True) -> BaseDataType:
+    """The integer datatype with the fewest bits that holds the integers of ``[vmin, vmax]``: BIPOLAR for {-1, +1}
+    when 0 is not among the values (``has_zero`` False), otherwise :func:`smallest_int_type` (BINARY, UINTn or INTn;
+    TERNARY has INT2's two bits, so it is never narrower). FINN sizes hardware from these bit widths."""
+    if not has_zero and vmin == -1 and vmax == 1:
         return DataType["BIPOLAR"]
-    return smallest_int_type(uniq_min, uniq_max)
+    return smallest_int_type(vmin, vmax)

@@ -11,7 +11,9 @@ value is an integer, from the graph inputs' annotations, the initializers' value
   keeps the range; Relu clips it.
 
 Integer tensors are annotated with the narrowest INTn/UINTn (BIPOLAR/BINARY where the values are exactly those),
-and every other node output with FLOAT32, so annotations never claim more than is true.
+and every other node output with FLOAT32, so annotations never claim more than is true. :class:`InferDataTypes`
+also narrows integer-annotated weights to their values and sets MultiThreshold ``out_dtype`` from the levels: the
+annotations FINN sizes hardware from are the tightest that hold.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import BaseDataType, DataType, is_integer_type, smallest_int_type
+from finnlite.datatypes import BaseDataType, DataType, is_integer_type, tightest_datatype
 from finnlite.passes import Transformation, register_pass
+from finnlite.ranges import WeightSums, accumulator_range, weight_sums
 from finnlite.shapes import const_array
 from finnlite.tensors import DepthwiseWeight
 
@@ -71,32 +74,17 @@ class Range:
         """The narrowest datatype holding this range (FLOAT32 when it is not an integer range)."""
         if not self.integer or not np.isfinite(self.lo) or not np.isfinite(self.hi):
             return DataType["FLOAT32"]
-        if self.bipolar:
-            return DataType["BIPOLAR"]
-        return smallest_int_type(self.lo, self.hi)
+        return tightest_datatype(self.lo, self.hi, has_zero=not self.bipolar)
 
 
-def _weight_sums(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Per output channel, the sums of the positive and of the negative weights over the summed ``axis``, and
-    whether every weight is an integer (depends on the weight only: cached per weight tensor)."""
-    w = np.asarray(w)
-    if w.dtype.kind != "f":
-        w = w.astype(np.float64)
-    return (np.maximum(w, 0).sum(axis=axis, dtype=np.float64), np.minimum(w, 0).sum(axis=axis, dtype=np.float64),
-            bool(np.array_equal(w, np.rint(w))))
-
-
-def _matmul_range(x: Range, w: np.ndarray | tuple, axis: int, with_zero: bool) -> Range:
-    """Range of sum_k x_k · w[k, n] (``axis`` is the summed axis of ``w`` after moving the output axis first);
-    ``w`` may be given as its :func:`_weight_sums`."""
-    lo_x, hi_x = (min(x.lo, 0.0), max(x.hi, 0.0)) if with_zero else (x.lo, x.hi)
-    pos, neg, integer_w = w if isinstance(w, tuple) else _weight_sums(w, axis)
-    with np.errstate(invalid="ignore"):
-        hi = hi_x * pos + lo_x * neg
-        lo = lo_x * pos + hi_x * neg
-    if np.isnan(hi).any() or np.isnan(lo).any():
+def _matmul_range(x: Range, sums: WeightSums | None, with_zero: bool) -> Range:
+    """Range of a matrix product of inputs in ``x`` with a constant weight given by its :func:`weight_sums`
+    (:func:`finnlite.ranges.accumulator_range`); zero joins the input range for a padded convolution."""
+    if sums is None:
         return Range.unknown()
-    return Range(float(lo.min()), float(hi.max()), x.integer and integer_w)
+    lo_x, hi_x = (min(x.lo, 0.0), max(x.hi, 0.0)) if with_zero else (x.lo, x.hi)
+    lo, hi = accumulator_range(lo_x, hi_x, sums)
+    return Range(lo, hi, x.integer and sums[2])
 
 
 def _node_range(node: ir.Node, ins: list[Range], consts: list[np.ndarray | None]) -> Range:
@@ -132,11 +120,9 @@ def _node_range(node: ir.Node, ins: list[Range], consts: list[np.ndarray | None]
             return Range.unknown()
         return Range(min(prods), max(prods), a.integer and b.integer, a.bipolar and b.bipolar)
     if op == "MatMul" and consts[1] is not None and consts[1].ndim == 2:
-        return _matmul_range(ins[0], consts[1], axis=0, with_zero=False)
+        return _matmul_range(ins[0], weight_sums(consts[1], "MatMul"), with_zero=False)
     if op == "Conv" and consts[1] is not None:
-        w = consts[1].reshape(consts[1].shape[0], -1)
-        padded = any(attrs.get("pads", [])) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID")
-        return _matmul_range(ins[0], w, axis=1, with_zero=padded)
+        return _matmul_range(ins[0], weight_sums(consts[1], "Conv"), with_zero=_conv_padded(node))
     if op == "MultiThreshold":
         n = consts[1].shape[-1] if consts[1] is not None else None
         scale, bias = float(attrs.get("out_scale", 1.0)), float(attrs.get("out_bias", 0.0))
@@ -247,12 +233,11 @@ def infer_ranges(model: Any) -> dict[str, Range]:
         if r is None:
             w = _weight_tensor(node) if node.op_type in ("MatMul", "Conv") else None
             if w is not None and node.op_type == "MatMul" and len(w.shape) == 2:
-                sums = cache.get(w, "sums0", lambda w=w: _weight_sums(w.column_weights(), 1)
-                                 if isinstance(w, DepthwiseWeight) else _weight_sums(w.numpy(), 0))
-                r = _matmul_range(ins[0], sums, axis=0, with_zero=False)
+                sums = cache.get(w, "sums0", lambda w=w: weight_sums(w, "MatMul"))
+                r = _matmul_range(ins[0], sums, with_zero=False)
             elif w is not None and node.op_type == "Conv":
-                sums = cache.get(w, "sums_conv", lambda w=w: _weight_sums(w.numpy().reshape(w.shape[0], -1), 1))
-                r = _matmul_range(ins[0], sums, axis=1, with_zero=_conv_padded(node))
+                sums = cache.get(w, "sums_conv", lambda w=w: weight_sums(w, "Conv"))
+                r = _matmul_range(ins[0], sums, with_zero=_conv_padded(node))
             else:
                 r = _node_range(node, ins, [const_array(v) if v is not None else None for v in node.inputs]) \
                     if ins else Range.unknown()
@@ -269,17 +254,39 @@ def _conv_padded(node: ir.Node) -> bool:
 
 @register_pass(group="tidy")
 class InferDataTypes(Transformation):
-    """Annotate every node output with the datatype its value range implies (module docstring).
+    """Annotate every node output with the datatype its value range implies (module docstring); set each
+    MultiThreshold's ``out_dtype`` to the datatype of its levels where they are integers (qonnx then annotates the
+    output with ``out_dtype``, and FINN sizes the layer's output from it); and narrow every integer-annotated
+    initializer other than thresholds to the tightest datatype of its values (FINN's MinimizeWeightBitWidth, done
+    before FINN: a weight quantizer's bit width is an upper bound, e.g. 8-bit weights that are all in [-3, 3] are
+    INT3, all ±1 BIPOLAR, all in [0, 3] UINT2). Thresholds keep the union with their input's datatype that
+    :class:`~streamline.round_thresholds.RoundAndClipThresholds` gives them (FINN compares the input in the
+    thresholds' type).
 
     Changes annotations only; returns False so that it never keeps a fixpoint loop alive."""
 
     def apply(self, model: Any) -> bool:
         model.topological_sort()
         ranges = infer_ranges(model)
+        thresholds = set()
         for node in model.graph:
             for out in node.outputs:
                 r = ranges.get(out.name)
                 if r is None:
                     continue
                 model.set_tensor_datatype(out.name, r.datatype())
+            if node.op_type == "MultiThreshold" and len(node.inputs) > 1 and node.inputs[1] is not None:
+                thresholds.add(node.inputs[1].name)
+                levels = ranges.get(node.outputs[0].name) if node.outputs else None
+                if "out_dtype" in node.attributes and levels is not None and is_integer_type(levels.datatype()):
+                    name = levels.datatype().name
+                    if node.attributes["out_dtype"].value != name:
+                        node.attributes["out_dtype"] = ir.AttrString("out_dtype", name)
+        for name in model.graph.initializers:
+            r = ranges.get(name)
+            if name in thresholds or r is None or not model.has_tensor_datatype(name):
+                continue
+            dt, tight = model.get_tensor_datatype(name), r.datatype()
+            if is_integer_type(dt) and is_integer_type(tight) and dt != tight:
+                model.set_tensor_datatype(name, tight)
         return False

@@ -16,7 +16,8 @@ the model computes the right outputs in float. :func:`check_annotations` reports
   annotation is only checked against the values seen).
 
 This derivation is written apart from the pipeline's own range inference (:mod:`streamline.datatypes`), on
-purpose: a checker that shares the code it checks cannot find its mistakes.
+purpose: a checker that shares the code it checks cannot find its mistakes. The one piece both share is the
+accumulator arithmetic (:func:`finnlite.ranges.accumulator_range`, checked against enumeration in its tests).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import onnx_ir as ir
 from finnlite.datatypes import BaseDataType, is_integer_type, parse_datatype
 from finnlite.errors import DataTypeError
 from finnlite.model import Model
+from finnlite.ranges import accumulator_range, weight_sums
 from finnlite.tensors import DepthwiseWeight
 from verify.region import executor_with_outputs, node_label, topo_order
 
@@ -126,22 +128,6 @@ def _mt_levels(node: ir.Node) -> tuple[float, float, bool, bool] | None:
     return float(levels.min()), float(levels.max()), bool(np.all(levels == np.round(levels))), bool((levels == 0).any())
 
 
-def _weight_sums(w: Any, op: str) -> tuple[np.ndarray, np.ndarray, bool] | None:
-    """Per output channel, the sums of the positive and of the negative weights; whether all are integers."""
-    if isinstance(w, DepthwiseWeight):
-        cols = np.asarray(w.column_weights(), dtype=np.float64)  # [C, k]
-    else:
-        arr = np.asarray(w.numpy())
-        if op == "MatMul":
-            if arr.ndim != 2:
-                return None
-            cols = arr.T
-        else:  # Conv: [out, in/group, kh, kw]
-            cols = arr.reshape(arr.shape[0], -1)
-    return (np.maximum(cols, 0).sum(1, dtype=np.float64), np.minimum(cols, 0).sum(1, dtype=np.float64),
-            bool(np.array_equal(cols, np.rint(cols))))
-
-
 def derived_ranges(model: Model) -> dict[str, tuple[float, float, bool, bool]]:
     """``{tensor: (lo, hi, integer, has_zero)}`` for the tensors whose range follows from the graph (module
     docstring); a tensor absent has no derived range."""
@@ -179,17 +165,14 @@ def derived_ranges(model: Model) -> dict[str, tuple[float, float, bool, bool]]:
             found = (0.0, float(node.inputs[1].const_value.shape[0]), True, True)
         elif op in ("MatMul", "Conv") and len(node.inputs) > 1 and node.inputs[1] is not None \
                 and node.inputs[1].const_value is not None:
-            src, sums = operand(first), _weight_sums(node.inputs[1].const_value, op)
+            src, sums = operand(first), weight_sums(node.inputs[1].const_value, op)
             if src is not None and sums is not None and src[2] and sums[2]:
                 lo_x, hi_x = src[0], src[1]
                 if op == "Conv" and (any(node.attributes["pads"].value if "pads" in node.attributes else [])
                                      or ("auto_pad" in node.attributes and node.attributes["auto_pad"].value
                                          not in ("NOTSET", "VALID"))):
                     lo_x, hi_x = min(lo_x, 0.0), max(hi_x, 0.0)
-                pos, neg, _ = sums
-                hi = hi_x * pos + lo_x * neg
-                lo = lo_x * pos + hi_x * neg
-                found = (float(lo.min()), float(hi.max()), True, True)
+                found = (*accumulator_range(lo_x, hi_x, sums), True, True)
         if found is not None:
             for v in node.outputs:
                 out[v.name] = found
