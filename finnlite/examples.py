@@ -12,47 +12,16 @@ Run ``python -m finnlite.examples build-tfc OUT.onnx`` to write one.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from typing import Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+import onnx_ir as ir
+from onnx_ir.passes.common import NameFixPass
 
-from finnlite.compat import QONNX_DOMAIN, make_model
-
-
-class _Builder:
-    def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self.count = 0
-
-    def name(self, prefix: str) -> str:
-        self.count += 1
-        return f"{prefix}_{self.count}"
-
-    def const(self, value: np.ndarray | float, prefix: str = "c") -> str:
-        name = self.name(prefix)
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
-        return name
-
-    def const_int64(self, value: Sequence[int], prefix: str = "shape") -> str:
-        name = self.name(prefix)
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=np.int64), name))
-        return name
-
-    def node(self, op: str, inputs: Sequence[str], domain: str = "", **attrs: object) -> str:
-        out = self.name(op.lower())
-        self.nodes.append(helper.make_node(op, list(inputs), [out], name=self.name(op), domain=domain, **attrs))
-        return out
-
-    def quant(self, x: str, scale: np.ndarray | float, bits: int, signed: bool, narrow: bool = False,
-              zeropoint: float = 0.0, rounding_mode: str = "ROUND") -> str:
-        return self.node("Quant", [x, self.const(scale, "scale"), self.const(zeropoint, "zeropt"),
-                                   self.const(float(bits), "bitwidth")], domain=QONNX_DOMAIN,
-                         signed=int(signed), narrow=int(narrow), rounding_mode=rounding_mode)
+from finnlite.compat import OPSET, QONNX_DOMAIN, fix_ir_version
 
 
 def build_mlp(n_layers: int = 3, width: int = 64, in_features: int = 784, n_classes: int = 10, wbits: int = 2,
@@ -61,43 +30,45 @@ def build_mlp(n_layers: int = 3, width: int = 64, in_features: int = 784, n_clas
 
     The input is ``[1, 1, 28, 28]`` (flattened to ``in_features``) in [0, 1]; activations are ``abits``-bit unsigned
     after a ReLU, or signed and narrow without one when ``signed_act``; weights are ``wbits``-bit signed narrow
-    with per-output-channel scales."""
-    b = _Builder(seed)
-    rng = b.rng
+    with per-output-channel scales. Written with onnx_ir's tape; its NameFixPass names the nodes and tensors."""
+    rng, tape, count = np.random.default_rng(seed), ir.tape.Tape(), itertools.count(1)
+
+    def const(value: object, prefix: str, dtype: type = np.float32) -> ir.Value:
+        return tape.initializer(ir.tensor(np.asarray(value, dtype), name=f"{prefix}_{next(count)}"))
+
+    def quant(x: ir.Value, scale: object, bits: int, signed: bool, narrow: bool = False) -> ir.Value:
+        return tape.op("Quant", [x, const(scale, "scale"), const(0.0, "zeropt"), const(float(bits), "bitwidth")],
+                       {"signed": int(signed), "narrow": int(narrow), "rounding_mode": "ROUND"}, domain=QONNX_DOMAIN)
+
     side = int(round(np.sqrt(in_features)))
-    in_shape = [1, 1, side, side] if side * side == in_features else [1, in_features]
-    x = b.node("Reshape", ["x", b.const_int64([1, -1])])
-    x = b.quant(x, 1.0 / 255, 8, signed=False)
+    x_in = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT),
+                    shape=ir.Shape([1, 1, side, side] if side * side == in_features else [1, in_features]))
+    x = quant(tape.op("Reshape", [x_in, const([1, -1], "shape", np.int64)]), 1.0 / 255, 8, signed=False)
     fan_in = in_features
     for layer in range(n_layers + 1):
-        last = layer == n_layers
-        units = n_classes if last else width
+        units = n_classes if layer == n_layers else width
         w = rng.normal(0, 1.0 / np.sqrt(fan_in), size=(units, fan_in)).astype(np.float32)
-        qmax = 2 ** (wbits - 1) - 1
-        w_scale = (np.abs(w).max(axis=1, keepdims=True) / qmax).astype(np.float32)
-        wq = b.quant(b.const(w, "weight"), w_scale, wbits, signed=True, narrow=True)
-        x = b.node("Gemm", [x, wq], transB=1)
-        if last:
+        w_scale = np.abs(w).max(axis=1, keepdims=True) / (2 ** (wbits - 1) - 1)
+        x = tape.op("Gemm", [x, quant(const(w, "weight"), w_scale, wbits, signed=True, narrow=True)], {"transB": 1})
+        if layer == n_layers:
             break
-        gamma = rng.uniform(0.5, 1.5, units).astype(np.float32)
-        beta = rng.normal(0, 0.3, units).astype(np.float32)
-        mean = rng.normal(0, 0.3, units).astype(np.float32)
-        var = rng.uniform(0.5, 2.0, units).astype(np.float32)
-        x = b.node("BatchNormalization", [x, b.const(gamma, "bn_w"), b.const(beta, "bn_b"), b.const(mean, "bn_mean"),
-                                          b.const(var, "bn_var")], epsilon=1e-5)
+        gamma, beta = rng.uniform(0.5, 1.5, units), rng.normal(0, 0.3, units)
+        mean, var = rng.normal(0, 0.3, units), rng.uniform(0.5, 2.0, units)
+        x = tape.op("BatchNormalization", [x, const(gamma, "bn_w"), const(beta, "bn_b"), const(mean, "bn_mean"),
+                                           const(var, "bn_var")], {"epsilon": 1e-5})
         if signed_act:
-            x = b.quant(x, 2.0 ** -(abits - 1), abits, signed=True, narrow=True)
+            x = quant(x, 2.0 ** -(abits - 1), abits, signed=True, narrow=True)
         else:
-            x = b.node("Relu", [x])
-            x = b.quant(x, np.float32(rng.uniform(0.2, 0.6)), abits, signed=False)
+            x = quant(tape.op("Relu", [x]), rng.uniform(0.2, 0.6), abits, signed=False)
         fan_in = units
-    graph = helper.make_graph(b.nodes, f"mlp_{n_layers}x{width}",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, in_shape)],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, n_classes])],
-                              initializer=b.inits)
-    model = make_model(graph)
-    onnx.checker.check_model(model)
-    return model
+    x.dtype, x.shape = ir.DataType.FLOAT, ir.Shape([1, n_classes])
+    graph = ir.Graph([x_in], [x], nodes=tape.nodes, initializers=tape.initializers, name=f"mlp_{n_layers}x{width}",
+                     opset_imports={"": OPSET, QONNX_DOMAIN: 1})
+    model = ir.Model(graph, ir_version=10, producer_name="finnlite")
+    NameFixPass()(model)
+    proto = fix_ir_version(ir.serde.serialize_model(model))
+    onnx.checker.check_model(proto)
+    return proto
 
 
 def build_tfc(wbits: int = 2, abits: int = 2, seed: int = 0) -> onnx.ModelProto:

@@ -117,6 +117,8 @@ class SqueezeGlobalPoolOutput(Transformation):
                 model.index_value(out)
             if model.get_tensor_layout(out.name) is not None:
                 model.set_tensor_layout(out.name, ["N", "C"])
+            if "data_layout" in node.attributes:  # a channels-last MultiThreshold: channels now on axis 1
+                node.attributes["data_layout"] = ir.AttrString("data_layout", "NC")
             if node.op_type in ("Mul", "Add"):
                 arr = const_array(node.inputs[1])
                 if arr.ndim > 1:

@@ -85,6 +85,21 @@ def test_flattened_classifier_is_left_alone() -> None:
     assert not any(n.name.endswith("_squeeze") for n in model.graph)
 
 
+def test_activation_after_the_classifier_gets_a_two_dimensional_layout() -> None:
+    """A quantized activation after the classifier becomes a channels-last MultiThreshold in the squeezed chain: its
+    data_layout must follow the [N, K] tensor (found by the fuzzer: 'NHWC puts the channels on axis 3')."""
+    proto = _net(False)
+    proto.graph.node[-1].output[0] = "c2"
+    proto.graph.node.append(quant_node(["c2", "as1", "z0", "b4"], "y", signed=0, name="aq2"))
+    model = Model(proto)
+    report = streamline(model, verify="each", samples=16, extras=False)
+    report.raise_for_errors()
+    assert any(p.name == "SqueezeGlobalPoolOutput" and p.changed for p in report.passes)
+    mts = [n for n in model.graph
+           if n.op_type == "MultiThreshold" and len(model.get_tensor_shape(n.inputs[0].name)) == 2]
+    assert mts and all(n.attributes["data_layout"].value == "NC" for n in mts if "data_layout" in n.attributes)
+
+
 @pytest.mark.zoo
 @pytest.mark.slow
 def test_mobilenet_with_a_conv_classifier() -> None:
