@@ -9,7 +9,9 @@ each output is compared with both executions of the original:
   in float64 on the streamlined ``q`` and compared with the original's output *in quantization steps*: the levels
   agree when every element is within half a step. Agreement with float64 execution is required; disagreement with
   float32 execution only is a *near-tie*, counted per sample and explained by the first quantizer of the original
-  whose float32 and float64 levels differ (with the margin of its input to the rounding boundary).
+  whose float32 and float64 levels differ (with the margin of its input to the rounding boundary). Where that
+  quantizer's float64 input is itself within float64 rounding of the boundary (:data:`REFERENCE_TIE_RTOL`),
+  agreement with float32 execution is accepted as a near-tie too: neither execution decides that element.
 * **Float outputs** (no integer tensor behind them) are compared within ``float_rtol`` of the output's magnitude.
 
 The streamlined model runs in float32, its deployment arithmetic. Its integer parts are exact there, but a model
@@ -285,6 +287,20 @@ def _tie_site(reference: ReferenceData, sample: int) -> TieSite | None:
     return None
 
 
+#: a quantizer input this close (relative) to a rounding boundary in float64 execution of the original may be on
+#: either side in real arithmetic: float64 accumulation (BLAS sums, fused multiply-adds) errs by more than this
+REFERENCE_TIE_RTOL = 1e-12
+
+
+def _reference_tie(reference: ReferenceData, sample: int) -> bool:
+    """True if the first quantizer of the original whose float32 and float64 levels differ on ``sample`` has its
+    float64 input within :data:`REFERENCE_TIE_RTOL` of the boundary: there float64 execution is no better a judge
+    than float32 (e.g. ``a*w - a*w`` summed with a fused multiply-add is -1e-17, not 0, and a bipolar quantizer
+    reads it as -1). A streamlined model that agrees with float32 execution there is at a near-tie, not wrong."""
+    site = _tie_site(reference, sample)
+    return site is not None and site.margin64 is not None and site.margin64.relative <= REFERENCE_TIE_RTOL
+
+
 #: a threshold stored as a float32 number is within 2^-24 of the real one (relative); inputs this close to a
 #: threshold on the float64 run of the streamlined model can be float-layer near-ties
 FLOAT_LAYER_RTOL = 2.0**-22
@@ -472,6 +488,8 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
                         check.float_layer_ties.append(i)
                         result.float_layer_sites.append(site)
                         d64 = 0.0
+            if d64 >= limit and ok32 and _reference_tie(reference, i):
+                d64 = 0.0  # float64 execution of the original is itself within its rounding of a boundary
             check.max_error64 = max(check.max_error64, d64)
             if d64 >= limit:
                 check.error_samples.append(i)

@@ -140,7 +140,9 @@ def margin_at(node: Any, values: Callable[[str], np.ndarray | None], index: tupl
     # near-tie); otherwise the margin is the real value's distance to the boundary
     real = Fraction(xv) / Fraction(float(s)) + Fraction(float(z))
     exact = real == Fraction(u)
-    return Margin(u, b, float(abs(real - Fraction(b))) / max(abs(float(real)), 1.0), exact)
+    # a bipolar boundary is 0: relative to the tensor's magnitude (as for BipolarQuant), not to 1
+    floor = float(np.max(np.abs(x.astype(np.float64) / float(s)))) if b == 0.0 and bits == 1 else 1.0
+    return Margin(u, b, float(abs(real - Fraction(b))) / max(abs(float(real)), floor), exact)
 
 
 def _per_element(step: np.ndarray | float | None, shape: tuple[int, ...], indices: np.ndarray
