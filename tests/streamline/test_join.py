@@ -18,6 +18,7 @@ from onnx import helper
 from custom_ops.executor import Executor
 from finnlite import Model
 from finnlite.compat import QONNX_DOMAIN
+from finnlite.datatypes import smallest_int_type
 from streamline.join import IntegerJoinMultipliers
 from streamline.join_search import JoinMultipliers, find_multipliers, signed_bits
 from streamline.pipeline import streamline_model
@@ -154,7 +155,8 @@ def _check(proto, model, inputs, outs):
 def _assert_finn_form(m, join):
     """The form FINN's step_convert_to_hw takes: every MultiThreshold has out_scale 1 (FINN's Thresholding and MVAU
     refuse others), and each multiplier other than ±1 is a Mul by an integer scalar k, |k| ≥ 2, on an integer
-    branch, feeding the join (FINN: an integer ElementwiseMul layer; −1 is a Sub)."""
+    branch, feeding the join (FINN: an integer ElementwiseMul layer; −1 is a Sub), typed no wider than k times
+    its source's type."""
     for n in m.graph:
         if n.op_type == "MultiThreshold":
             assert n.attributes["out_scale"].value == 1.0 if "out_scale" in n.attributes else True, n.name
@@ -163,8 +165,11 @@ def _assert_finn_form(m, join):
         if mul is not None and mul.op_type == "Mul":
             k = np.asarray(m.get_initializer(mul.inputs[1].name))
             assert k.size == 1 and float(k.ravel()[0]).is_integer() and abs(float(k.ravel()[0])) > 1, mul.name
-            assert m.get_tensor_datatype(mul.inputs[0].name).is_integer(), mul.name
-            assert m.get_tensor_datatype(v.name).is_integer(), mul.name
+            src = m.get_tensor_datatype(mul.inputs[0].name)
+            assert src.is_integer(), mul.name
+            ends = sorted(float(k.ravel()[0]) * e for e in (src.min(), src.max()))
+            out = m.get_tensor_datatype(v.name)  # FINN sizes the layer from it: k × the source's levels at most
+            assert out.is_integer() and out.bitwidth() <= smallest_int_type(*ends).bitwidth(), (mul.name, out)
 
 
 JOINS = [  # (s1, s2, quantizer a, quantizer b, output quantizers)
