@@ -58,8 +58,10 @@ class IntegerJoinMultipliers(Rule):
     MultiThreshold (a fork of thresholds shares one pair). Algebra: on the finite box, for every threshold of every
     consumer, ``p·a + q·b ≥ T' ⇔ s1·a + s2·b ≥ R`` (``>`` where strict), proven by enumeration with exact
     arithmetic (:mod:`streamline.join_search`); the smallest such pair with ``|p|, |q| ≤ max_multiplier`` is
-    taken (at most the exact ratio's integers, which always qualify). The integer Muls then join the producers'
-    out_scale (AbsorbIntegerMulIntoMultiThreshold); negative scales give negative multipliers."""
+    taken (at most the exact ratio's integers, which always qualify); negative scales give negative multipliers.
+    The multipliers stay Mul nodes, the form FINN takes (integer ElementwiseMul layers; a MultiThreshold that
+    absorbed k, out_scale k, is refused by step_convert_to_hw, and k-fold repeated thresholds would cost k times
+    their memory). A multiplier −1 makes the join a Sub (FINN would type a Mul by −1 as BIPOLAR)."""
 
     op_types = ("Add",)
     #: the largest multiplier magnitude (16-bit signed integers)
@@ -99,16 +101,20 @@ class IntegerJoinMultipliers(Rule):
 
     def rewrite(self, model: Any, match: Any) -> None:
         node, branches, consumers, found = match
-        ins = []
-        for (src, _, mul, _), k in zip(branches, (found.p, found.q)):
-            if k != 1:
+        ks = (found.p, found.q)
+        sub = ks.count(-1) == 1  # a lone multiplier −1 is a Sub's subtrahend (FINN types a Mul by −1 as BIPOLAR)
+        terms = []
+        for (src, _, _, _), k in zip(branches, ks):
+            if k != 1 and not (sub and k == -1):
                 c = model.add_initializer(np.array(float(k), np.float32), prefix=f"{node.name}_int")
                 m = ir.Node("", "Mul", [src, c], outputs=[model.make_value_like(src)], name=f"{node.name}_x{k}")
                 model.graph.insert_before(node, m)
                 src = m.outputs[0]
-            ins.append(src)
+            terms.append(src)
+        if ks[0] == -1 and sub:
+            terms.reverse()
         y = node.outputs[0]
-        add = ir.Node("", "Add", ins, outputs=[model.make_value_like(y)], name=f"{node.name}_int")
+        add = ir.Node("", "Sub" if sub else "Add", terms, outputs=[model.make_value_like(y)], name=f"{node.name}_int")
         model.graph.insert_before(node, add)
         model.replace_uses(y, add.outputs[0])
         model.remove_node(node)

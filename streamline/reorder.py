@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import smallest_int_type
 from finnlite.graphutil import is_standard_domain, rank_of
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array, const_shape
@@ -347,8 +346,8 @@ class MoveLinearPastEltwiseAdd(Rule):
     Add(Add(x, b), y) → Add(Add(x, y), b).
 
     Algebra: distributivity, with equal scales on both branches (FINN: MoveLinearPastEltwiseAdd). Unequal scales
-    s1, s2 with s2/s1 = p/q for small integers become s1/q · (q·x + p·y), the integer factors as Mul nodes that the
-    branches' MultiThresholds absorb into their out_scale. Conditions: both branch ops feed only this Add."""
+    s1, s2 with s2/s1 = p/q for small integers become s1/q · (q·x + p·y), the integer factors as Mul nodes (FINN
+    maps them to integer ElementwiseMul layers). Conditions: both branch ops feed only this Add."""
 
     op_types = ("Add",)
     #: the largest integer factor used to equalize unequal scales
@@ -451,40 +450,6 @@ class MoveLinearPastConcat(Rule):
         _move_after(model, lin, ci, node, 0, shaped_for_axis(vec, rank, 1))
 
 
-@register_pass(group="absorb")
-class AbsorbIntegerMulIntoMultiThreshold(Rule):
-    """Mul(MultiThreshold(x), k) → MultiThreshold(x) with out_scale·k, out_bias·k, for an integer scalar k.
-
-    Algebra: k·(out_scale·n + out_bias). Keeps the output integer (used to equalize scales at joins); out_dtype
-    becomes the narrowest integer type of the new levels. Condition: the MultiThreshold feeds only the Mul."""
-
-    op_types = ("Mul",)
-
-    def match(self, model: "Model", node: ir.Node) -> Any:
-        c = const_operand(node)
-        if c is None or np.asarray(c[1]).size != 1:
-            return None
-        k = float(np.asarray(c[1]).ravel()[0])
-        x = node.inputs[1 - c[0]]
-        mt = x.producer()
-        if mt is None or mt.op_type != "MultiThreshold" or len(x.uses()) != 1 or k != int(k) or k == 0:
-            return None
-        return node, mt, k
-
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, mt, k = match
-        scale = float(mt.attributes["out_scale"].value) if "out_scale" in mt.attributes else 1.0
-        bias = float(mt.attributes["out_bias"].value) if "out_bias" in mt.attributes else 0.0
-        mt.attributes["out_scale"] = ir.AttrFloat32("out_scale", scale * k)
-        mt.attributes["out_bias"] = ir.AttrFloat32("out_bias", bias * k)
-        thresholds = const_shape(mt.inputs[1]) if len(mt.inputs) > 1 else None
-        if thresholds:  # the levels k·(out_scale·n + out_bias), n = 0..N, decide out_dtype (FINN sizes from it)
-            ends = [k * bias, k * (scale * thresholds[-1] + bias)]
-            mt.attributes["out_dtype"] = ir.AttrString("out_dtype", smallest_int_type(min(ends), max(ends)).name)
-        model.replace_uses(node.outputs[0], mt.outputs[0])
-        model.remove_node(node)
-
-
 @register_pass(group="reorder")
 class MoveLinearPastPad(Rule):
     """Pad(Mul(x, a), v) → Mul(Pad(x, v/a), a); Pad(Add(x, b), v) → Add(Pad(x, v − b), b) (constant mode).
@@ -539,4 +504,4 @@ class MoveLinearPastPad(Rule):
 REORDER_PASSES = [MoveLinearPastFork, MoveScalarMulPastMatMul, MoveAddPastMatMul, MoveMulPastConv, MoveAddPastConv,
                   MoveLinearPastMaxPool, MoveLinearPastAveragePool, MoveMulPastRelu, MoveScalarLinearPastInvariants,
                   MoveLinearPastPad,
-                  MoveLinearPastEltwiseAdd, MoveLinearPastConcat, AbsorbIntegerMulIntoMultiThreshold]
+                  MoveLinearPastEltwiseAdd, MoveLinearPastConcat]

@@ -53,9 +53,6 @@ def finn_python() -> Path:
 
 _FLOAT_CONV = ("{why}: the float {what} stays in software between HW layers: step_create_dataflow_partition: "
                "'Unsupported/unmapped layer(s) found in between FINN operators, starting with node MatMul_0'")
-_OUT_SCALE = ("the join of branches with unequal scales is integer (IntegerJoinMultipliers), but its multipliers sit "
-              "in the branches' MultiThreshold out_scale, and FINN's Thresholding takes only out_scale 1: "
-              "step_convert_to_hw: '<a branch's MultiThreshold>: out_scale=1 or bipolar output needed for conversion.'")
 
 #: model -> why FINN's hand-off does not pass (checked: an entry that passes makes its test fail)
 KNOWN_GAPS: dict[str, str] = {
@@ -63,7 +60,6 @@ KNOWN_GAPS: dict[str, str] = {
         why="per-channel activation scales into channel-mixing layers, impossible exactly (tests/corpus "
         "KNOWN_GAPS; perchannel_exact is the form that passes)", what="second Conv (Im2Col, MatMul) and classifier "
         "MatMul") for e in ("dyn", "ts")},
-    **{f"{m}_{e}": _OUT_SCALE for m in ("residual_distinct", "resnet_mini") for e in ("dyn", "ts")},
     **{m: "the first Conv reads the float input (no input quantizer): its Im2Col and float MatMul stay in software "
           f"before the accelerator (one partition); with the README's preprocessing see {m}_pre"
        for m in PREPROCESSED},
@@ -218,3 +214,37 @@ def test_readme_finn_build(name: str, tmp_path: Path) -> None:
     assert result["dataflow_software"] == [] and result["dataflow_nodes"] > 0, result
     report = folder / "build" / "report" / "finnlite_streamline.html"
     assert report.is_file() and "verified</span>" in report.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def join_handoff(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The unequal-scale joins of ``tests/streamline/test_join.py`` (negative multipliers, −1 as a Sub, signed and
+    unsigned branches, a fork of thresholds) streamlined here, then FINN's steps on them in one side run."""
+    from finnlite import Model
+    from finnlite.build import streamline
+    from tests.streamline.test_join import JOINS, _join_model
+
+    python = finn_python()
+    work = tmp_path_factory.mktemp("finn_joins")
+    paths = []
+    for i, (s1, s2, qa, qb, outs) in enumerate(JOINS):
+        model = Model(_join_model(s1, s2, qa, qb, outs, 16))
+        report = streamline(model, verify="final", input_range=(-2.0, 2.0), extras=False)
+        assert report.error is None, report.error
+        model.save(work / f"join{i}.onnx")
+        paths.append(work / f"join{i}.onnx")
+    return _run_side(python, "convert", paths, work, timeout=900)
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_finn_takes_integer_join_multipliers(index: int, join_handoff: dict[str, Any]) -> None:
+    """p·a + q·b as integer Mul (ElementwiseMul) and Add or Sub (a multiplier −1) layers: one partition."""
+    from tests.streamline.test_join import JOINS
+
+    assert len(JOINS) == 6, "parametrize over every join of test_join.JOINS"
+    result = join_handoff[f"join{index}"]
+    found = problems(result)
+    if len(JOINS[index][4]) > 1:  # a fork of output quantizers: one dequantization Mul per graph output
+        found = [p for p in found if not p.startswith("the final float ops are more than one Mul")]
+    assert not found, found
+    assert set(result["hw"]) & {"ElementwiseAdd", "ElementwiseSub"}, result["hw"]

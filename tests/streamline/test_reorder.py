@@ -7,11 +7,10 @@ from fractions import Fraction
 import numpy as np
 from onnx import helper
 
-from finnlite.compat import QONNX_DOMAIN
 from streamline.absorb import ABSORB_PASSES
 from streamline.collapse import COLLAPSE_PASSES
-from streamline.reorder import (REORDER_PASSES, AbsorbIntegerMulIntoMultiThreshold, MoveAddPastConv,
-                                MoveLinearPastEltwiseAdd, MoveLinearPastMaxPool, MoveMulPastConv)
+from streamline.reorder import (REORDER_PASSES, MoveAddPastConv, MoveLinearPastEltwiseAdd, MoveLinearPastMaxPool,
+                                MoveMulPastConv)
 from tests.streamline.rulecheck import apply, compare, graph_model
 
 RNG = np.random.default_rng(1)
@@ -154,17 +153,3 @@ def test_concat_of_equally_scaled_branches_gives_a_scalar_that_passes_a_conv():
         m = apply(proto, [MoveLinearPastConcat, MoveMulPastConv])
         assert [n.op_type for n in m.graph] == expected
         compare(proto, m, {"x1": _ints((1, 2, 4, 4)), "x2": _ints((1, 3, 4, 4))})
-
-
-def test_integer_mul_absorbed_into_thresholds_widens_out_dtype():
-    # MultiThreshold (15 thresholds, out_bias -8: levels -8..7, INT4) -> Mul(62): levels -496..434 need INT10
-    thr = np.sort(RNG.integers(-40, 40, (1, 15)), axis=1).astype(np.float32)
-    nodes = [helper.make_node("MultiThreshold", ["x", "thr"], ["q"], domain=QONNX_DOMAIN, out_dtype="INT4",
-                              out_bias=-8.0, name="mt"),
-             helper.make_node("Mul", ["q", "k"], ["y"], name="times_k")]
-    proto = graph_model(nodes, {"x": [1, 4]}, {"y": [1, 4]}, {"thr": thr, "k": np.float32(62)})
-    m = apply(proto, [AbsorbIntegerMulIntoMultiThreshold])
-    (mt,) = list(m.graph)
-    assert mt.attributes["out_dtype"].value == "INT10"
-    assert mt.attributes["out_scale"].value == 62.0 and mt.attributes["out_bias"].value == -496.0
-    compare(proto, m, {"x": _ints((1, 4), -50, 50)})
