@@ -21,8 +21,8 @@ flatten of a permuted one (``tensor = canonical[:, cols]``). The rules, each an 
 
 Constants compare by content (after the canonical transposition), attributes by value. If every graph output has
 the same physical term in both versions, the pass is **proved** (in real arithmetic: a MatMul whose weight rows
-were permuted sums in another order, which float32 may round differently, as the sampling policy allows). Otherwise the first node of the new version whose
-term the old version lacks is examined: if the old version has a node of the same name or output name, op type and
+were permuted sums in another order, which float32 may round differently, as the sampling policy allows).
+Otherwise the first node of the new version whose term the old version lacks is examined: if the old version has a node of the same name or output name, op type and
 canonical inputs that differs only in a constant or an attribute (a threshold row moved to the wrong channel, a
 Concat axis, a channel axis), the pass is **refuted** naming the node and what differs (a layout pass claims to
 change no value; such a node computes other values from the same inputs); anything else (an op without a rule, a
