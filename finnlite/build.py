@@ -39,6 +39,7 @@ from finnlite.shapes import const_array
 from finnlite.validate import validate_model
 from streamline.preprocess import insert_preprocessing
 from verify import PassVerificationError, ReferenceData, VerificationHook, final_check, float_report
+from verify.boundary import boundary_check, boundary_reference
 from verify.hook import probe_samples
 
 log = logging.getLogger(__name__)
@@ -141,10 +142,13 @@ def _quantizer_range(model: Model, name: str) -> tuple[float, float, str] | None
 
 def make_reference(model: Model, config: Config, *, inputs: str | Path | None = None,
                    input_range: tuple[float, float] | None = None, samples: int | None = None,
-                   seed: int | None = None) -> tuple[Any, str]:
+                   seed: int | None = None, boundary: bool | None = None) -> tuple[Any, str]:
     """The reference data for ``model`` and a description of them: the ``inputs`` file (else the config's), or
-    random samples in ``input_range`` (else the config's, else the inferred range, see :func:`input_ranges`)."""
+    random samples in ``input_range`` (else the config's, else the inferred range, see :func:`input_ranges`).
+    ``boundary`` (else the config's ``verification.boundary``): the random samples are made boundary-seeking
+    (:func:`verify.boundary.boundary_reference`; its plan is ``reference.boundary_plan``)."""
     vc = config.verification
+    boundary = vc.boundary if boundary is None else boundary
     path = inputs if inputs is not None else vc.inputs
     if path is not None:
         ref = ReferenceData.load(model, path)
@@ -154,13 +158,18 @@ def make_reference(model: Model, config: Config, *, inputs: str | Path | None = 
     fixed = input_range if input_range is not None else vc.input_range
     ranges = {name: (fixed[0], fixed[1], "given") for name in model.input_names} if fixed is not None \
         else input_ranges(model)
-    ref = ReferenceData.random(model, n=n, seed=seed, ranges={k: (lo, hi) for k, (lo, hi, _) in ranges.items()})
+    plain = {k: (lo, hi) for k, (lo, hi, _) in ranges.items()}
+    if boundary:
+        ref, plan = boundary_reference(model, n=n, seed=seed, ranges=plain)
+    else:
+        ref = ReferenceData.random(model, n=n, seed=seed, ranges=plain)
     where = "; ".join(f"{k} in [{lo:.4g}, {hi:.4g}] ({src})" for k, (lo, hi, src) in ranges.items())
     guessed = [k for k, (_, _, src) in ranges.items() if src == "default"]
     if guessed:
         where += (f"; WARNING: no input quantizer or datatype gives the range of {', '.join(guessed)}: [-1, 1] is "
                   "a guess, give the real range with --input-range LO HI or real inputs with --inputs X.npz")
-    return ref, f"{n} random sample{'s' if n != 1 else ''} (seed {seed}), {where}"
+    kind = "boundary-seeking" if boundary else "random"
+    return ref, f"{n} {kind} sample{'s' if n != 1 else ''} (seed {seed}), {where}"
 
 
 # -- the run -------------------------------------------------------------------------------------------------------
@@ -192,14 +201,15 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
                verify: str | None = None, inputs: str | Path | None = None,
                input_range: tuple[float, float] | None = None, samples: int | None = None, seed: int | None = None,
                stages: Sequence[str] | None = None, progress: Progress | None = None,
-               extras: bool = True, preprocessing: Any = None) -> StreamlineReport:
+               extras: bool = True, preprocessing: Any = None, boundary: bool | None = None) -> StreamlineReport:
     """Run the configured pipeline on ``model`` (a :class:`finnlite.Model`, edited in place; anything else is
     loaded) with verification, and return the report (module docstring). Keyword arguments override the config:
     ``verify`` (``off``, ``final`` or ``each`` — the default), ``inputs`` (a .npy/.npz file), ``input_range``,
     ``samples``, ``seed``, ``stages`` (names). ``progress`` receives one line per stage and per long step;
     ``extras=False`` skips the graph pictures and the inference cost. ``preprocessing`` (else the config's): a
     :class:`streamline.preprocess.Preprocessing` put in front of the model first; the model with it is the
-    reference."""
+    reference. ``boundary`` (else the config's ``verification.boundary``): boundary-seeking reference samples, and
+    the final check adds the first-layer comparison (:mod:`verify.boundary`)."""
     cfg = resolve_config(config)
     mode = verify or cfg.verification.mode or DEFAULT_VERIFY_MODE
     if mode not in VERIFY_MODES:
@@ -224,7 +234,7 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
     if mode != "off":
         t0 = time.perf_counter()
         reference, result.reference = make_reference(m, cfg, inputs=inputs, input_range=input_range,
-                                                     samples=samples, seed=seed)
+                                                     samples=samples, seed=seed, boundary=boundary)
         result.samples = reference.num_samples
         reference.precompute(values=probe_samples(reference) if mode == "each" else 0)
         seconds["reference"] = time.perf_counter() - t0
@@ -259,7 +269,12 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
         if progress is not None:
             progress(f"final check against the original on {reference.num_samples} samples ...")
         t0 = time.perf_counter()
-        result.final = final_check(reference, m, float_rtol=cfg.verification.float_rtol, float64="mismatch")
+        plan = getattr(reference, "boundary_plan", None)
+        if plan is not None:
+            result.final = boundary_check(reference, m, plan, float_rtol=cfg.verification.float_rtol,
+                                          float64="mismatch")
+        else:
+            result.final = final_check(reference, m, float_rtol=cfg.verification.float_rtol, float64="mismatch")
         dt = time.perf_counter() - t0
         result.seconds += dt
         seconds["final check"] = dt

@@ -210,8 +210,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     original, candidate = Model(args.reference), Model(args.model)
     reference, described = make_reference(original, Config(), inputs=args.inputs, input_range=args.input_range,
-                                          samples=args.samples, seed=args.seed)
-    result = final_check(reference, candidate, float_rtol=args.float_rtol, float64="mismatch")
+                                          samples=args.samples, seed=args.seed, boundary=args.boundary)
+    plan = getattr(reference, "boundary_plan", None)
+    if plan is not None:
+        from verify.boundary import boundary_check
+
+        result = boundary_check(reference, candidate, plan, float_rtol=args.float_rtol, float64="mismatch")
+    else:
+        result = final_check(reference, candidate, float_rtol=args.float_rtol, float64="mismatch")
     if args.json:
         from finnlite.report import VerificationResult
 
@@ -355,6 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("reference", help="the reference model (A)")
     p.add_argument("model", help="the model to check (B)")
     _reference_options(p)
+    p.add_argument("--boundary", action="store_true",
+                   help="boundary-seeking samples: first-layer pre-activations on and next to its thresholds")
     p.add_argument("--float-rtol", type=_finite_float, default=1e-5,
                    help="tolerance of float outputs, relative to their magnitude (default 1e-5)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

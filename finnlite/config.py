@@ -16,6 +16,7 @@ put on ``sys.path`` so that a rules module beside the config can be imported::
       seed: 0
       input_range: [0.0, 1.0]           # range of the random inputs (default: the input quantizer's range)
       inputs: reference.npz             # reference inputs instead of random ones (.npy, or .npz keyed by input)
+      boundary: false                   # boundary-seeking samples: first-layer pre-activations on/next to thresholds
       tolerance: {rtol: 1.0e-5, rtol_max: 1.0e-4, atol: 0.0, steps: 0}   # default policy of passes declaring none
       near_ties: true                   # accept one-step differences at float32 near-ties
       near_tie_rtol: 1.0e-6
@@ -58,7 +59,7 @@ _TOP_KEYS = ("stages", "modules", "passes", "verification", "preprocessing")
 _PREPROCESSING_KEYS = ("input_datatype", "scale", "mean", "std", "input")
 _PASS_KEYS = ("pass", "stage", "before", "after")
 _VERIFY_KEYS = ("mode", "samples", "seed", "input_range", "inputs", "tolerance", "near_ties", "near_tie_rtol",
-                "float_rtol", "save_dir")
+                "float_rtol", "save_dir", "boundary")
 _TOLERANCE_KEYS = ("atol", "rtol", "rtol_max", "steps")
 
 
@@ -88,6 +89,8 @@ class VerificationConfig:
     near_tie_rtol: float | None = None
     float_rtol: float = 1e-5
     save_dir: Path | None = None
+    #: boundary-seeking reference samples (:mod:`verify.boundary`)
+    boundary: bool = False
 
     def policy(self) -> Any:
         """The default verification policy for passes that declare none (verify's default if not configured)."""
@@ -342,6 +345,10 @@ class _Parser:
             v.float_rtol = self.number(data["float_rtol"], f"{key}.float_rtol", minimum=0.0)
         if "save_dir" in data:
             v.save_dir = self.path(data["save_dir"], f"{key}.save_dir")
+        if "boundary" in data:
+            if not isinstance(data["boundary"], bool):
+                raise self.error(f"{key}.boundary", f"must be true or false; got {_kind(data['boundary'])}")
+            v.boundary = data["boundary"]
         return v
 
 

@@ -59,6 +59,8 @@ class ConvertToNHWC(Transformation):
     rank 4 or 2 that the walk touches is annotated with its ``tensor_layout``; new tensors copy the datatype of the
     tensor they permute."""
 
+    pure_layout = True  # moves data only: verified by a structural proof (verify.layout_proof)
+
     def __init__(self) -> None:
         self.misses: list[Miss] = []
         self.rewrites = 0
@@ -85,6 +87,8 @@ class AbsorbTransposeIntoMultiThreshold(Rule):
     NHWC tensor along its last axis and transposing gives the same tensor; the thresholds (and exact real
     thresholds) are unchanged. FINN's rule of the same name; the moved Transpose can then meet the next one
     (AbsorbConsecutiveTransposes)."""
+
+    pure_layout = True  # moves data only: verified by a structural proof (verify.layout_proof)
 
     op_types = ("Transpose",)
 
@@ -134,6 +138,8 @@ class AbsorbConsecutiveTransposes(Rule):
     fork. Condition: a bypassed output that is a graph output is kept unless the source can take over its name
     (the source is not a graph input or another graph output). Algebra: ``x.transpose(p).transpose(q) = x`` when
     ``q = p⁻¹``."""
+
+    pure_layout = True  # moves data only: verified by a structural proof (verify.layout_proof)
 
     op_types = ("Transpose",)
 

@@ -32,6 +32,7 @@ from finnlite.policies import DEFAULT_POLICY, Equality, Metric, Policy, Toleranc
 from finnlite.tensors import content_crc, is_immutable
 from verify.clone import clone_model
 from verify.final import final_check
+from verify.layout_proof import structural_outcome
 from verify.reference import ReferenceData
 from verify.region import structure_key
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, NearTie
@@ -100,6 +101,12 @@ def _union_policy(policies: list[Policy], default: Policy) -> Policy:
     tol = [p for p in policies if isinstance(p, Tolerance)]
     return Tolerance(near_ties=near, atol=max(t.atol for t in tol), rtol=max(t.rtol for t in tol),
                      steps=max(t.steps for t in tol), rtol_max=max(t.rtol_max for t in tol))
+
+
+def _pure_layout(p: Any) -> bool:
+    """True if pass ``p`` declares that it only moves data (``pure_layout = True``): it is checked alone, by a
+    structural proof where one can be made (:mod:`verify.layout_proof`)."""
+    return bool(getattr(p, "pure_layout", False))
 
 
 def _safe(label: str) -> str:
@@ -173,9 +180,12 @@ class VerificationHook:
 
     # -- checking ----------------------------------------------------------------------------------------------
     def verify(self, model: Model, policy: Policy, *, label: str, pass_name: str, stage: str | None = None,
-               iteration: int | None = None, changed: bool = True, runs: Runs | None = None) -> None:
+               iteration: int | None = None, changed: bool = True, runs: Runs | None = None,
+               structural: bool = False) -> None:
         """Check ``model`` against the last verified version and move on to it; raise
-        :class:`PassVerificationError`. ``runs``: the pass runs a stage check covers (replayed on a failure)."""
+        :class:`PassVerificationError`. ``runs``: the pass runs a stage check covers (replayed on a failure).
+        ``structural``: a pure layout pass, proved without running anything when :mod:`verify.layout_proof` can
+        decide (else sampled under ``policy``; the record says which)."""
         self.start(model)
         key = structure_key(model)
         if not changed:
@@ -187,7 +197,14 @@ class VerificationHook:
         assert v is not None
         t0 = time.perf_counter()
         model = self._private_copy(model)
-        outcome = v.check(model, policy)
+        outcome, how = None, policy.describe()
+        if structural:
+            outcome, how = structural_outcome(v, model)
+            if outcome is None:
+                log.info("%s: %s", label, how)
+                how = f"{policy.describe()} ({how})"
+        if outcome is None:
+            outcome = v.check(model, policy)
         if not outcome.ok:
             error = self._error(model, outcome, policy, label, pass_name, stage, iteration)
             if runs is not None and len(runs) > 1:  # several passes checked at once: name the first failing one
@@ -197,7 +214,7 @@ class VerificationHook:
             raise error
         v.accept(model, outcome, private=True)
         change = outcome.change
-        self.records.append(CheckRecord(label, stage, iteration, policy.describe(),
+        self.records.append(CheckRecord(label, stage, iteration, how,
                                         len(change.nodes) if change else len(model),
                                         len(outcome.region) if change else len(model),
                                         time.perf_counter() - t0, outcome.near_ties, outcome.runs, pass_name))
@@ -255,19 +272,22 @@ class VerificationHook:
     def before_pass(self, p: Any, model: Model, stage: Any) -> None:
         if self.granularity != "off":
             self.start(model)
+            if _pure_layout(p) and self._stage_runs:  # check what came before it, so that it is checked alone
+                self._check_stage(model, stage)
 
     def after_pass(self, p: Any, model: Model, stage: Any, record: Any) -> None:
         if self.granularity == "off":
             return
         policy = resolve_policy(p, stage, self.policy)
         iteration = getattr(record, "iteration", None)
-        if self._per_stage(stage) and not isinstance(policy, Metric):
+        if self._per_stage(stage) and not isinstance(policy, Metric) and not _pure_layout(p):
             self._stage_runs.append((p, policy, iteration))
             return
         if self._stage_runs:  # a metric pass inside a deferred stage: check what came before it first
             self._check_stage(model, stage)
         self.verify(model, policy, label=f"pass '{p.name}'", pass_name=p.name, stage=getattr(stage, "name", None),
-                    iteration=iteration, changed=bool(getattr(record, "changed", True)))
+                    iteration=iteration, changed=bool(getattr(record, "changed", True)),
+                    structural=_pure_layout(p))
 
     def after_stage(self, stage: Any, model: Model) -> None:
         if self._per_stage(stage) and self._stage_runs:

@@ -185,7 +185,7 @@ def test_config_error_exits_2_naming_file_and_key(example_path: Path, tmp_path: 
     assert res.returncode == 2
     assert res.stderr.strip() == (f"finnlite: error: file '{cfg}': key 'verification.tolerence': unknown key "
                                   "(allowed in verification: mode, samples, seed, input_range, inputs, tolerance, "
-                                  "near_ties, near_tie_rtol, float_rtol, save_dir)")
+                                  "near_ties, near_tie_rtol, float_rtol, save_dir, boundary)")
 
 
 def test_info_prints_histogram_datatypes_and_cost(example_path: Path, tmp_path: Path, cli) -> None:

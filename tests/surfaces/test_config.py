@@ -35,7 +35,7 @@ def _error(tmp_path: Path, text: str) -> str:
     ("stage: [tidy]\n", "key 'stage': unknown key (allowed: stages, modules, passes, verification, preprocessing)"),
     ("verification:\n  mode: final\n  sample: 3\n", "key 'verification.sample': unknown key (allowed in "
      "verification: mode, samples, seed, input_range, inputs, tolerance, near_ties, near_tie_rtol, float_rtol, "
-     "save_dir)"),
+     "save_dir, boundary)"),
     ("verification:\n  tolerance: {rtol: 1e-5, tol: 1}\n", "key 'verification.tolerance.tol': unknown key "
      "(allowed in verification.tolerance: atol, rtol, rtol_max, steps)"),
     ("verification:\n  mode: sometimes\n", "key 'verification.mode': must be one of off, final, each; got "
@@ -50,7 +50,7 @@ def _error(tmp_path: Path, text: str) -> str:
      "got inf"),
     ("verification:\n  near_ties: maybe\n", "key 'verification.near_ties': must be true or false; got 'maybe'"),
     ("verification: 3\n", "key 'verification': must be a mapping with keys mode, samples, seed, input_range, "
-     "inputs, tolerance, near_ties, near_tie_rtol, float_rtol, save_dir; got 3"),
+     "inputs, tolerance, near_ties, near_tie_rtol, float_rtol, save_dir, boundary; got 3"),
     ("stages: [tidy, polish]\n", "key 'stages[1]': unknown stage 'polish' (stages: " + ", ".join(stage_names())
      + ")"),
     ("stages: 3\n", "key 'stages': must be a list of names; got 3"),
