@@ -55,6 +55,7 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.executor import Executor
+from custom_ops.quant import max_int, min_int
 from custom_ops.multithreshold import channel_axis_of
 from finnlite.datatypes import is_integer_type
 from finnlite.errors import VerificationError
@@ -63,7 +64,7 @@ from finnlite.shapes import const_array
 from verify.final import FLOAT_LAYER_RTOL, FinalCheck, final_check
 from verify.reference import ReferenceData
 from verify.region import ancestors, constant_tensors, node_label, subgraph_model, topo_order
-from verify.ties import margin_at
+from verify.ties import is_bipolar, margin_at
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ def _boundaries(q: ir.Node, shape: tuple[int, ...], relu: bool) -> np.ndarray | 
     """The decision boundaries of quantizer ``q`` in ``z`` as ``[C, K]`` (channel axis 1 of ``shape``, or one row
     for a per-tensor quantizer), NaN-padded; None for a layout not handled."""
     params = [const_array(v) if v is not None else None for v in q.inputs[1:]]
-    if q.op_type == "BipolarQuant":
+    if is_bipolar(q):
         return None if relu else np.zeros((1, 1))
     if len(params) < 3 or any(p is None for p in params[:3]):
         return None
@@ -217,9 +218,7 @@ def _boundaries(q: ir.Node, shape: tuple[int, ...], relu: bool) -> np.ndarray | 
     signed, narrow = bool(attrs.get("signed", 1)), bool(attrs.get("narrow", 0))
     mode = str(attrs.get("rounding_mode", "ROUND")).upper()
     b = int(bits.reshape(-1)[0])
-    qmin = -(2 ** (b - 1)) + int(narrow) if signed else 0
-    qmax = 2 ** (b - 1) - 1 if signed else 2**b - 1 - int(narrow)
-    ks = np.arange(qmin, qmax, dtype=np.float64) + (0.5 if mode in _ROUNDING else 1.0)
+    ks = np.arange(min_int(signed, narrow, b), max_int(signed, narrow, b), dtype=np.float64) + (0.5 if mode in _ROUNDING else 1.0)
     channels = shape[1] if len(shape) > 1 else 1
     try:
         s_c = np.broadcast_to(s, shape).reshape(shape[0], channels, -1)[0, :, 0] if s.size > 1 else s.reshape(1)
@@ -759,7 +758,7 @@ def _step_of(q: ir.Node, shape: tuple[int, ...]) -> np.ndarray | None:
     s = const_array(q.inputs[1]) if len(q.inputs) > 1 else None
     if s is None:
         return None
-    step = np.abs(np.asarray(s, np.float64)) * (2.0 if q.op_type == "BipolarQuant" else 1.0)
+    step = np.abs(np.asarray(s, np.float64)) * (2.0 if is_bipolar(q) else 1.0)
     try:
         return np.broadcast_to(step, shape)
     except ValueError:

@@ -40,6 +40,7 @@ from finnlite.shapes import const_array
 from verify.annotations import derived_ranges
 from verify.compare import is_integer_tensor
 from verify.region import node_label
+from verify.ties import is_bipolar
 
 __all__ = ["ProofIssue", "prove_thresholds", "proof_inputs", "proof_samples", "RESIDUAL", "TIE_RTOL"]
 
@@ -310,18 +311,9 @@ def _step(q: Any, channels: int, rest: int) -> np.ndarray | None:
         per = np.broadcast_to(np.abs(np.asarray(scale, np.float64)), (1, channels) + (1,) * (rest - 1))
     except ValueError:
         return None
-    step = per.reshape(channels) * (2.0 if _bipolar(q) else 1.0)
+    step = per.reshape(channels) * (2.0 if is_bipolar(q) else 1.0)
     return step if np.all(step > 0) else None
 
-
-def _bipolar(q: Any) -> bool:
-    """A BipolarQuant, or a signed 1-bit Quant (which qonnx executes as bipolar: levels -1 and +1)."""
-    if q.op_type == "BipolarQuant":
-        return True
-    bits = const_array(q.inputs[3]) if q.op_type == "Quant" and len(q.inputs) > 3 else None
-    signed = q.attributes.get("signed")
-    return bits is not None and np.size(bits) == 1 and float(np.asarray(bits).reshape(-1)[0]) == 1.0 and (
-        signed is None or bool(signed.value))
 
 
 def _prove(mt: _Match, original: Model, thr: np.ndarray, fits: list[tuple[float, float, float] | None],

@@ -24,8 +24,10 @@ from typing import Any, Callable
 import numpy as np
 
 from custom_ops.multithreshold import channel_axis_of
+from finnlite.shapes import const_array
 
-__all__ = ["NearTie", "Margin", "margin_at", "split_near_ties", "QUANTIZER_OPS", "DEFAULT_NEAR_TIE_RTOL"]
+__all__ = ["NearTie", "Margin", "margin_at", "split_near_ties", "is_bipolar", "QUANTIZER_OPS",
+           "DEFAULT_NEAR_TIE_RTOL"]
 
 #: nodes whose output levels are decided by comparisons with boundaries
 QUANTIZER_OPS = ("Quant", "IntQuant", "BipolarQuant", "MultiThreshold")
@@ -74,6 +76,18 @@ class NearTie:
         m = self.margin
         return (f"{where}: {self.expected:.9g} -> {self.actual:.9g}; input {m.value:.9g} vs boundary "
                 f"{m.boundary:.9g} (relative margin {m.relative:.2e})")
+
+
+def is_bipolar(q: Any) -> bool:
+    """True for a BipolarQuant, and for a Quant of constant bit width 1 that is signed: qonnx executes it as bipolar
+    (levels -1 and +1, boundary 0; :func:`custom_ops.quant.quant_integers`)."""
+    if q.op_type == "BipolarQuant":
+        return True
+    if q.op_type != "Quant" or len(q.inputs) < 4 or q.inputs[3] is None:
+        return False
+    bits, signed = const_array(q.inputs[3]), q.attributes.get("signed")
+    return (bits is not None and np.size(bits) == 1 and float(np.asarray(bits).reshape(-1)[0]) == 1.0
+            and (signed is None or bool(signed.value)))
 
 
 def _integral(v: float) -> bool:
@@ -130,7 +144,8 @@ def margin_at(node: Any, values: Callable[[str], np.ndarray | None], index: tupl
         return None
     mode_attr = node.attributes.get("rounding_mode")
     mode = str(mode_attr.value).upper() if mode_attr is not None else "ROUND"
-    if bits == 1 and (signed is None or int(signed.value)):
+    bipolar = bits == 1 and (signed is None or int(signed.value))
+    if bipolar:
         b = 0.0
     elif mode in ("ROUND", "HALF_EVEN", "HALF_UP", "HALF_DOWN"):
         b = float(np.floor(u)) + 0.5
@@ -141,7 +156,7 @@ def margin_at(node: Any, values: Callable[[str], np.ndarray | None], index: tupl
     real = Fraction(xv) / Fraction(float(s)) + Fraction(float(z))
     exact = real == Fraction(u)
     # a bipolar boundary is 0: relative to the tensor's magnitude (as for BipolarQuant), not to 1
-    floor = float(np.max(np.abs(x.astype(np.float64) / float(s)))) if b == 0.0 and bits == 1 else 1.0
+    floor = float(np.max(np.abs(x.astype(np.float64) / float(s)))) if bipolar else 1.0
     return Margin(u, b, float(abs(real - Fraction(b))) / max(abs(float(real)), floor), exact)
 
 
