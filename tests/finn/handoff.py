@@ -86,23 +86,22 @@ def _config(out: Path, **extra: Any) -> Any:
                                generate_outputs=[], **extra)
 
 
+def _reached(node: Any, step: Any) -> Any:
+    """Every node reached from ``node`` by ``step`` (``find_direct_predecessors`` or ``_successors``), once each."""
+    seen, todo = set(), list(step(node) or [])
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        yield n
+        todo.extend(step(n) or [])
+
+
 def where(model: Any, node: Any) -> str:
     """``head``, ``tail``, ``interior`` or ``alone``: is there a HW layer upstream of ``node``, downstream, both?"""
-
-    def reaches_hw(start: Any, step: Any) -> bool:
-        seen, todo = set(), list(step(start) or [])
-        while todo:
-            n = todo.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            if n.domain.startswith(HW_DOMAIN):
-                return True
-            todo.extend(step(n) or [])
-        return False
-
-    before = reaches_hw(node, model.find_direct_predecessors)
-    after = reaches_hw(node, model.find_direct_successors)
+    before = any(n.domain.startswith(HW_DOMAIN) for n in _reached(node, model.find_direct_predecessors))
+    after = any(n.domain.startswith(HW_DOMAIN) for n in _reached(node, model.find_direct_successors))
     return {(False, True): "head", (True, False): "tail", (True, True): "interior"}.get((before, after), "alone")
 
 
@@ -112,16 +111,7 @@ TAIL_OPS = LAYOUT_OPS + ("Mul", "Add", "ElementwiseMul", "ElementwiseAdd")
 
 def _only(model: Any, node: Any, step: Any, ops: tuple[str, ...]) -> bool:
     """True if every node reached from ``node`` by ``step`` (predecessors or successors) is one of ``ops``."""
-    seen, todo = set(), list(step(node) or [])
-    while todo:
-        n = todo.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if n.op_type not in ops:
-            return False
-        todo.extend(step(n) or [])
-    return True
+    return all(n.op_type in ops for n in _reached(node, step))
 
 
 def float_hw(model: Any) -> list[dict[str, Any]]:

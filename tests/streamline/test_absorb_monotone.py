@@ -38,6 +38,17 @@ def _model(op: str, attrs: dict, quant_scale: float, signed: bool, slope: np.nda
     return proto, rt
 
 
+def _absorbed_exactly(proto, rt) -> None:
+    """With the MultiThreshold's real thresholds ``rt`` attached, the pipeline's rules leave one MultiThreshold,
+    equal to the original on INT8 inputs."""
+    model = Model(proto)
+    set_real_thresholds(model.get_nodes_by_op_type("MultiThreshold")[0], rt)
+    m = apply(model.to_proto(), ALL, annotate={"x": "INT8"})
+    assert [n.op_type for n in m.graph] == ["MultiThreshold"], [n.op_type for n in m.graph]
+    for _ in range(3):
+        compare(proto, m, {"x": RNG.integers(-128, 128, size=(64, C)).astype(np.float64)})
+
+
 @pytest.mark.parametrize("op,attrs,scale,signed,slope", [
     ("Tanh", {}, 0.15, True, None),            # thresholds beyond ±1: never / always passed
     ("Sigmoid", {}, 0.07, False, None),        # thresholds beyond 1: never passed
@@ -49,12 +60,7 @@ def _model(op: str, attrs: dict, quant_scale: float, signed: bool, slope: np.nda
 ])
 def test_monotone_activation_into_thresholds(op, attrs, scale, signed, slope):
     proto, rt = _model(op, attrs, scale, signed, slope)
-    model = Model(proto)
-    set_real_thresholds(model.get_nodes_by_op_type("MultiThreshold")[0], rt)
-    m = apply(model.to_proto(), ALL, annotate={"x": "INT8"})
-    assert [n.op_type for n in m.graph] == ["MultiThreshold"], [n.op_type for n in m.graph]
-    for _ in range(3):
-        compare(proto, m, {"x": RNG.integers(-128, 128, size=(64, C)).astype(np.float64)})
+    _absorbed_exactly(proto, rt)
 
 
 def test_decreasing_activation_is_left_alone():
@@ -82,9 +88,4 @@ def test_clip_into_thresholds(lo, hi):
     if lo is not None:
         inits["lo"] = np.float32(lo)
     proto = graph_model(nodes, {"x": [64, C]}, {"y": [64, C]}, inits)
-    model = Model(proto)
-    set_real_thresholds(model.get_nodes_by_op_type("MultiThreshold")[0], rt)
-    m = apply(model.to_proto(), ALL, annotate={"x": "INT8"})
-    assert [n.op_type for n in m.graph] == ["MultiThreshold"], [n.op_type for n in m.graph]
-    for _ in range(3):
-        compare(proto, m, {"x": RNG.integers(-128, 128, size=(64, C)).astype(np.float64)})
+    _absorbed_exactly(proto, rt)
