@@ -66,7 +66,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -200,24 +200,30 @@ class Executor:
         return self._input_shapes[name]
 
     def run(self, inputs: Mapping[str, np.ndarray], return_all: bool = False, *,
-            windows: bool = True) -> dict[str, np.ndarray]:
+            windows: bool = True, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """The graph outputs for ``inputs`` ({data input name: array}); with ``return_all``, every tensor: the
         inputs, the constants (initializers and folded tensors, read-only) and every node output. With
         ``windows=False`` (and ``return_all``), the outputs of ``Im2Col`` nodes that only a MatMul run with them as
         one Conv reads are left out: they are not computed (:mod:`custom_ops.intconv`; they are ``kh·kw`` times
-        their input, and the caller can make them from it).
+        their input, and the caller can make them from it). ``outputs`` (without ``return_all``): the tensors to
+        return instead of the graph outputs, any tensor of the graph (one plan per list, built on first use: the
+        same executor serves other tensors without being built again).
 
         A leading dim N (a multiple of the model's fixed batch dim b0) runs a batch, see ``batch_mode``. Raises
         :class:`GraphError` naming the tensor for an unknown or missing input or a wrong dtype or shape, and
         :class:`OpError` naming the node when a node fails."""
         if return_all and not windows:
             return_all = _ALL_BUT_WINDOWS  # type: ignore[assignment]
+        wanted = None if return_all or outputs is None else tuple(outputs)
+        for name in wanted or ():
+            if name not in self._names:
+                raise GraphError("no tensor of this name in the model", tensor=name)
         arrays, batch = self._check_inputs(inputs)
         if batch is None:
-            return self._execute(arrays, batched=False, return_all=return_all)
+            return self._execute(arrays, batched=False, return_all=return_all, wanted=wanted)
         if not self._chunk_batches:
             try:
-                result = self._execute(arrays, batched=True, return_all=return_all)
+                result = self._execute(arrays, batched=True, return_all=return_all, wanted=wanted)
                 if self._batch_ok(result, batch):
                     return result
                 reason = "an output lost the batch dimension"
@@ -226,7 +232,7 @@ class Executor:
             log.warning("vectorized batch execution failed (%s); running batches in chunks of %d from now on",
                         reason, self._batch0())
             self._chunk_batches = True
-        return self._run_chunks(arrays, batch, return_all)
+        return self._run_chunks(arrays, batch, return_all, wanted)
 
     def describe(self) -> str:
         """The plan, one line per step: regions (node counts) and kernel nodes (with why they are not lowered)."""
@@ -548,17 +554,18 @@ class Executor:
         shape = self._input_shapes.get(self._inputs[0].name) if self._inputs else None
         return int(shape[0]) if shape and shape[0] else 1
 
-    def _plan(self, batched: bool, return_all: bool | str) -> Plan:
-        key = (batched, return_all)
+    def _plan(self, batched: bool, return_all: bool | str, wanted: tuple[str, ...] | None = None) -> Plan:
+        key = (batched, return_all, wanted)
         if key not in self._plans:
-            self._plans[key] = self._build_plan(batched, return_all)
+            self._plans[key] = self._build_plan(batched, return_all, wanted)
         return self._plans[key]
 
-    def _live_nodes(self, return_all: bool) -> list[int]:
-        """Indices of the nodes that contribute to a graph output (all of them for ``return_all``)."""
+    def _live_nodes(self, return_all: bool, wanted: Sequence[str] | None = None) -> list[int]:
+        """Indices of the nodes that contribute to a graph output, or to ``wanted`` (all of them for
+        ``return_all``)."""
         if return_all:
             return list(range(len(self._nodes)))
-        needed = set(self._outputs)
+        needed = set(self._outputs if wanted is None else wanted)
         live: list[int] = []
         for i in range(len(self._nodes) - 1, -1, -1):
             if any(t in needed for t in self._nodes[i].output):
@@ -566,12 +573,14 @@ class Executor:
                 needed.update(node_inputs(self._nodes[i]))
         return live[::-1]
 
-    def _build_plan(self, batched: bool, return_all: bool | str) -> Plan:
+    def _build_plan(self, batched: bool, return_all: bool | str, wanted: tuple[str, ...] | None = None) -> Plan:
         """Alternate between the largest set of region nodes that waits for no pending kernel node (one region)
         and the kernel nodes that wait for no pending region node, in topological order, until all are placed.
         A fused Im2Col → MatMul pair is one lowered node (the Im2Col's index) that produces the MatMul's outputs;
         where the Im2Col's output is needed too (``return_all``, other readers) the Im2Col still runs and the
-        MatMul runs as the Conv on the Im2Col's input."""
+        MatMul runs as the Conv on the Im2Col's input. ``wanted``: the tensors asked for instead of the graph
+        outputs."""
+        outputs = set(self._outputs if wanted is None else wanted)
         fused: dict[int, tuple[int, Lowering]] = {}
         readers: Counter[str] = Counter()
         if return_all == _ALL_BUT_WINDOWS and self._fused:  # the windows are not wanted, even as graph outputs
@@ -579,12 +588,14 @@ class Executor:
         for i, (j, lowering, private) in self._fused.items():
             if return_all == _ALL_BUT_WINDOWS:
                 private = readers[self._nodes[i].output[0]] == 1  # only the fused MatMul reads the window
+            if wanted is not None and self._nodes[i].output[0] in outputs:
+                private = False  # the window itself is asked for
             if private and return_all is not True:
                 fused[i] = (j, lowering)  # the pair is one node in the Im2Col's place
             else:
                 fused[j] = (j, lowering)  # the Im2Col runs for its output; the MatMul runs as the Conv
         absorbed = {j for i, (j, _) in fused.items() if j != i}
-        live = [i for i in self._live_nodes(bool(return_all)) if i not in absorbed]
+        live = [i for i in self._live_nodes(bool(return_all), wanted) if i not in absorbed]
         outs = {i: self._nodes[fused[i][0] if i in fused else i].output for i in live}
         producer = {t: i for i in live for t in outs[i] if t}
         deps = {i: {producer[t] for t in node_inputs(self._nodes[i]) if t in producer} for i in live}
@@ -610,13 +621,13 @@ class Executor:
         # onnxruntime cannot hand int4/uint4 tensors (QDQ models) to numpy: they are returned only where a later step
         # reads them
         skip = {t for t, elem in self._types.items() if elem in _NO_NUMPY_TYPES} if return_all else set()
-        needed_later = set(self._outputs)
+        needed_later = set(outputs)
         for step in reversed(steps):
             if isinstance(step, RegionStep):
                 step.outputs = [t for t in step.produced if (return_all and t not in skip) or t in needed_later]
             needed_later.update(step.inputs)
         return Plan([s for s in steps if not isinstance(s, RegionStep) or s.outputs],
-                    keep=None if return_all else set(self._outputs))
+                    keep=None if return_all else outputs)
 
     def _outside_step(self, i: int) -> Step:
         node, label = self._as_dtype(self._nodes[i]), node_label(self._nodes[i], i)
@@ -719,14 +730,15 @@ class Executor:
                              f"N; got leading dims {sorted(leading, key=str)}", tensor=self._inputs[0].name)
         return arrays, int(leading.pop())
 
-    def _execute(self, arrays: dict[str, np.ndarray], batched: bool, return_all: bool | str) -> dict[str, np.ndarray]:
-        plan = self._plan(batched, return_all)  # first: planning may make a compact weight dense (_dense)
+    def _execute(self, arrays: dict[str, np.ndarray], batched: bool, return_all: bool | str,
+                 wanted: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+        plan = self._plan(batched, return_all, wanted)  # first: planning may make a compact weight dense (_dense)
         env: dict[str, np.ndarray] = dict(self._constants)
         env.update(arrays)
         plan.execute(env)
         if return_all:
             return env
-        return {name: env[name] for name in self._outputs}
+        return {name: env[name] for name in (self._outputs if wanted is None else wanted)}
 
     def _batch_ok(self, result: Mapping[str, np.ndarray], batch: int) -> bool:
         """Every output that has b0 on axis 0 statically has N there."""
@@ -737,10 +749,11 @@ class Executor:
                     return False
         return True
 
-    def _run_chunks(self, arrays: dict[str, np.ndarray], batch: int, return_all: bool | str) -> dict[str, np.ndarray]:
+    def _run_chunks(self, arrays: dict[str, np.ndarray], batch: int, return_all: bool | str,
+                    wanted: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
         b0 = self._batch0()
         chunks = [{n: a[k:k + b0] for n, a in arrays.items()} for k in range(0, batch, b0)]
-        parts = [self._execute(c, batched=False, return_all=return_all) for c in chunks]
+        parts = [self._execute(c, batched=False, return_all=return_all, wanted=wanted) for c in chunks]
         return {name: self._constants[name] if name in self._constants
                 else np.concatenate([p[name] for p in parts], axis=0) for name in parts[0]}
 

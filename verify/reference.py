@@ -8,8 +8,9 @@ the user's ``.npy``/``.npz`` files (:meth:`ReferenceData.load`); user data is va
 (names, shapes, dtypes, finiteness, integer datatypes) with errors that say what is wrong.
 
 The snapshot shares the model's frozen weight arrays (a weight the pipeline replaces stays alive only through the
-snapshot). :meth:`ReferenceData.precompute` computes with one executor what the checks will ask of the original (its
-float32 outputs, and every tensor on the samples the per-pass checks use), then drops that executor.
+snapshot). :meth:`ReferenceData.precompute` computes what the checks will ask of the original (its float32 outputs,
+and every tensor on the samples the per-pass checks use); later requests share its executor (one at a time: the
+last dtype asked for), whatever tensors they ask for (:meth:`ReferenceData.tensors`).
 """
 
 from __future__ import annotations
@@ -304,14 +305,23 @@ class ReferenceData:
             self._original = Model(self._shared.get("proto") or self._full_proto(), check=False)
         return self._original
 
+    def computes(self, name: str) -> bool:
+        """True if ``name`` is an input or a node output of the original model (a tensor :meth:`values` has)."""
+        if "names" not in self._shared:
+            g = self._proto.graph
+            self._shared["names"] = frozenset([v.name for v in g.input] + [o for n in g.node for o in n.output])
+        return name in self._shared["names"]
+
     def describes(self, model: Model) -> bool:
         """True if ``model`` has the structure of the original (same nodes, wiring and initializer shapes)."""
         return fingerprint(model) == self._fingerprint
 
     def executor(self, dtype: Any = np.float32) -> Any:
-        """The oracle for the original model in ``dtype`` (built once per dtype)."""
+        """The oracle for the original model in ``dtype``, kept until one for the other dtype is asked for (then
+        it is dropped: never both in memory)."""
         key = np.dtype(dtype).name
         if key not in self._executors:
+            self._executors.clear()
             self._executors[key] = Executor(self._proto, dtype=dtype, constants=dict(self._weights))
         return self._executors[key]
 
@@ -341,26 +351,24 @@ class ReferenceData:
     def tensors(self, names: Iterable[str], samples: Iterable[int], dtype: Any = np.float32
                 ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """``(i, {name: value})`` for each sample ``i`` of ``samples``: the original's tensors ``names`` and its
-        outputs, from an executor that exposes only those (much faster than every tensor, :meth:`values`)."""
-        proto = onnx.ModelProto()
-        proto.CopyFrom(self._proto)  # small: the large initializers are the executor's constants
-        have = {o.name for o in proto.graph.output}
-        proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in sorted(set(names) - have))
-        ex = Executor(proto, dtype=dtype, constants=dict(self._weights))
+        outputs, from the executor of :meth:`executor` with a plan that computes only those (much faster than every
+        tensor, :meth:`values`)."""
+        outs = [o.name for o in self._proto.graph.output]
+        wanted = outs + sorted(set(names) - set(outs))
+        ex = self.executor(dtype)
         for i in samples:
-            yield i, ex.run(self.sample(i))
+            yield i, ex.run(self.sample(i), outputs=wanted)
 
     def _all_tensors(self, i: int, dtype: Any) -> SampleValues:
         return SampleValues(self.executor(dtype).run(self.sample(i), return_all=True))
 
     def precompute(self, values: int = 0) -> None:
-        """Compute now, with one float32 executor of the original, its outputs on every sample and (for per-pass
-        verification) every tensor on the first ``values`` samples; then drop that executor. Nothing changes in what
-        the other methods return."""
+        """Compute now, with the float32 executor of the original, its outputs on every sample and (for per-pass
+        verification) every tensor on the first ``values`` samples. Nothing changes in what the other methods
+        return."""
         for i in range(min(values, self.num_samples)):
             self.values(i)
         self.outputs(np.float32)
-        self._executors.pop(np.dtype(np.float32).name, None)
 
     def __repr__(self) -> str:
         return f"<ReferenceData {self.source}: {self.num_samples} samples of {[s.name for s in self.specs]}>"

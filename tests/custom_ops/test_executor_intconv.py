@@ -12,6 +12,7 @@ from custom_ops.executor import Executor
 from custom_ops.intconv import EXACT_LIMIT, conv_weights, integer_ranges
 from custom_ops.im2col import conv_output_dim
 from finnlite.compat import make_model
+from finnlite.errors import GraphError
 
 DOMAIN = "qonnx.custom_op.general"
 
@@ -263,3 +264,18 @@ def test_conv_weights_of_a_compact_depthwise_weight_are_its_kernel():
     w, group = conv_weights(t, (3, 3), 6)
     want, want_group = conv_weights(depthwise_matrix(kernel), (3, 3), 6)
     assert group == want_group == 6 and np.array_equal(w, want) and np.shares_memory(w, t.kernel)
+
+
+def test_outputs_asked_for_run_on_the_same_executor():
+    """``run(outputs=...)``: any tensor, a fused pair's window included, from the executor already built."""
+    model = conv_model(8, 8, 4, 6)
+    fused, plain = fused_and_plain(model)
+    x = np.random.default_rng(6).uniform(-12, 12, size=(2, 8, 8, 4)).astype(np.float32)
+    got = fused.run({"x": x}, outputs=["p", "y"])
+    want = plain.run({"x": x}, return_all=True)
+    assert sorted(got) == ["p", "y"]
+    for name in ("p", "y"):
+        assert_same_bits(got[name], want[name])
+    assert sorted(fused.run({"x": x[:1]}, outputs=["y"])) == ["y"]  # a plan of its own: the pair stays fused
+    with pytest.raises(GraphError, match="no tensor of this name"):
+        fused.run({"x": x}, outputs=["nope"])

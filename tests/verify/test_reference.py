@@ -145,7 +145,7 @@ def test_precompute_keeps_every_result_the_same() -> None:
     plain = ReferenceData.random(model, n=3, seed=1)
     ref = ReferenceData.random(model, n=3, seed=1)
     ref.precompute(values=2)
-    assert not ref._executors
+    assert list(ref._executors) == ["float32"]  # kept for later requests (ReferenceData.tensors)
     np.testing.assert_array_equal(ref.outputs()["y"], plain.outputs()["y"])
     taken = ref.take_values(1)
     assert (np.dtype(np.float32).name, 1) not in ref._values  # handed over, not kept
@@ -153,6 +153,7 @@ def test_precompute_keeps_every_result_the_same() -> None:
     # the original runs again: same results in float32 and float64
     np.testing.assert_array_equal(ref.values(2)["h"], plain.values(2)["h"])
     np.testing.assert_array_equal(ref.outputs(np.float64)["y"], plain.outputs(np.float64)["y"])
+    assert list(ref._executors) == ["float64"]  # one executor at a time
     np.testing.assert_array_equal(ref._weights["w"], plain._weights["w"])
     assert ref.original_proto.SerializeToString() == plain.original_proto.SerializeToString()
     np.testing.assert_array_equal(ref.subset([2]).outputs()["y"], plain.outputs()["y"][2:])
@@ -215,3 +216,16 @@ def test_selected_tensors_are_those_of_the_full_run(dtype: type) -> None:
         for name in ("h", "y"):
             assert values[name].dtype == dtype
             np.testing.assert_array_equal(values[name], every[name])
+
+
+def test_tensors_reuses_the_executor_and_computes_what_values_computes() -> None:
+    model, _ = _weighted_model()
+    ref = ReferenceData.random(model, n=3, seed=1)
+    ref.precompute()
+    ex = ref._executors["float32"]
+    got = dict(ref.tensors(["h"], [0, 2]))
+    assert ref._executors["float32"] is ex  # no second executor built
+    assert sorted(got[2]) == ["h", "y"]  # the outputs and the tensors asked for
+    for i in (0, 2):
+        np.testing.assert_array_equal(got[i]["h"], ref.values(i)["h"])
+        np.testing.assert_array_equal(got[i]["y"], ref.outputs()["y"][i:i + 1])
