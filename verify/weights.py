@@ -45,7 +45,7 @@ class WeightIssue:
 
 
 def _quantized_weight(original: Model, layer: Any) -> np.ndarray | None:
-    """The original layer's weight as its quantizer computes it (float64), or None."""
+    """The original layer's weight as its quantizer computes it (float32, as the model does), or None."""
     from custom_ops.registry import make_op
 
     w = layer.inputs[1] if len(layer.inputs) > 1 else None
@@ -53,7 +53,7 @@ def _quantized_weight(original: Model, layer: Any) -> np.ndarray | None:
         return None
     direct = const_array(w)
     if direct is not None:
-        return np.asarray(direct, np.float64)
+        return np.asarray(direct, np.float32)
     q = w.producer()
     if q is None or q.op_type not in ("Quant", "BipolarQuant"):
         return None
@@ -61,7 +61,7 @@ def _quantized_weight(original: Model, layer: Any) -> np.ndarray | None:
     if any(a is None for a in args):
         return None
     try:
-        return np.asarray(make_op(q).execute([np.asarray(a) for a in args])[0], np.float64)
+        return np.asarray(make_op(q).execute([np.asarray(a) for a in args])[0], np.float32)
     except Exception:  # noqa: BLE001 - a quantizer this check does not handle: nothing compared
         return None
 
@@ -99,7 +99,7 @@ def compare_weights(model: Model, original: Model) -> list[WeightIssue]:
         if data is not None and data.op_type == "Concat":
             continue  # branches of different scales: their rows may carry different integer multipliers
         w_orig = _quantized_weight(original, layer)
-        ws = np.asarray(t.numpy(), np.float64)
+        ws = np.asarray(t.numpy(), np.float32)
         wo = _as_columns(layer, w_orig, ws.shape) if w_orig is not None else None
         if wo is None:
             continue
