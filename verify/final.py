@@ -371,7 +371,8 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
 
     Further checks (each a failure of its own): ``annotations``: every integer datatype claim of ``model`` against
     the values seen on the samples and the ranges derived from the graph (:mod:`verify.annotations`);
-    ``tail_samples``: on that many samples whose levels agree (the original then runs in float64 on them), the
+    ``tail_samples``: on that many samples whose levels agree (those the proofs ran the original in float64 on, if
+    any; else it runs in float64 on them), the
     output dequantization's scale and bias as numbers (:mod:`verify.tail`); ``locate``: after a failure, the first
     intermediate tensor that diverges (:mod:`verify.locate`); ``proofs``: every MultiThreshold matched to a quantizer
     of the original, on every integer input of its range (:mod:`verify.proofs`), and every weight matched to an
@@ -500,7 +501,9 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
             # samples whose levels agree, and those that do not: if the original's output is exactly affine in the
             # streamlined levels there too, the levels are right and the dequantization's constants are not
             wrong = set(check.error_samples)
-            chosen = [i for i in range(n) if i not in wrong and i not in check.float_layer_ties][:tail_samples]
+            agreeing = [i for i in range(n) if i not in wrong and i not in check.float_layer_ties]
+            have = [i for i in agreeing if lazy64 is not None and i in lazy64.cache]  # run in float64 already
+            chosen = (have or agreeing)[:tail_samples]
             chosen += [i for i in check.error_samples][:8]
             triples = []
             try:

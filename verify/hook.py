@@ -81,7 +81,7 @@ class CheckRecord:
 SAVE_DIR_ENV = "FINNLITE_VERIFY_DIR"
 
 #: the per-pass checks use enough reference samples for about this many input values (at least 1, at most 8)
-PROBE_ELEMENTS = 16384
+PROBE_ELEMENTS = 4096
 
 
 def probe_samples(reference: ReferenceData) -> int:
