@@ -8,9 +8,9 @@ the user's ``.npy``/``.npz`` files (:meth:`ReferenceData.load`); user data is va
 (names, shapes, dtypes, finiteness, integer datatypes) with errors that say what is wrong.
 
 The snapshot shares the model's frozen weight arrays (a weight the pipeline replaces stays alive only through the
-snapshot). :meth:`ReferenceData.precompute` computes what the checks will ask of the original (its float32 outputs,
-and every tensor on the samples the per-pass checks use); later requests share its executor (one at a time: the
-last dtype asked for), whatever tensors they ask for (:meth:`ReferenceData.tensors`).
+snapshot). :meth:`ReferenceData.precompute` computes what the per-pass checks will ask of the original (every tensor on
+their samples); later requests share its executor (one at a time: the last dtype asked for), whatever tensors they
+ask for (:meth:`ReferenceData.tensors`), and a request that runs every sample also gives the outputs.
 """
 
 from __future__ import annotations
@@ -116,6 +116,8 @@ class ReferenceData:
         self._executors: dict[str, Any] = {}  # by dtype name
         self._outputs: dict[str, dict[str, np.ndarray]] = {}
         self._values: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+        #: outputs seen per sample by other runs (tensors), by dtype name: all samples make :meth:`outputs`
+        self._seen_outputs: dict[str, dict[int, dict[str, np.ndarray]]] = {}
         self._original: Model | None = None
 
     # -- construction ------------------------------------------------------------------------------------------
@@ -276,6 +278,7 @@ class ReferenceData:
         new._executors = self._executors
         new._outputs = {}
         new._values = {}
+        new._seen_outputs = {}
         new._original = self._original
         return new
 
@@ -329,8 +332,14 @@ class ReferenceData:
         """The original model's outputs on all samples (stacked along axis 0), computed once per dtype."""
         key = np.dtype(dtype).name
         if key not in self._outputs:
-            log.info("computing the reference outputs (%s, %d samples)", key, self.num_samples)
-            self._outputs[key] = self.executor(dtype).run(self.inputs)
+            seen = self._seen_outputs.pop(key, {})
+            if len(seen) == self.num_samples and all(a.ndim for v in seen.values() for a in v.values()):
+                # every sample's outputs came with other tensors (:meth:`tensors`): stacked as a run stacks them
+                self._outputs[key] = {name: np.concatenate([seen[i][name] for i in range(self.num_samples)])
+                                      for name in seen[0]}
+            else:
+                log.info("computing the reference outputs (%s, %d samples)", key, self.num_samples)
+                self._outputs[key] = self.executor(dtype).run(self.inputs)
         return self._outputs[key]
 
     def values(self, i: int, dtype: Any = np.float32) -> SampleValues:
@@ -355,20 +364,24 @@ class ReferenceData:
         tensor, :meth:`values`)."""
         outs = [o.name for o in self._proto.graph.output]
         wanted = outs + sorted(set(names) - set(outs))
+        key = np.dtype(dtype).name
         ex = self.executor(dtype)
         for i in samples:
-            yield i, ex.run(self.sample(i), outputs=wanted)
+            got = ex.run(self.sample(i), outputs=wanted)
+            if key not in self._outputs:
+                self._seen_outputs.setdefault(key, {})[i] = {o: got[o] for o in outs}
+            yield i, got
 
     def _all_tensors(self, i: int, dtype: Any) -> SampleValues:
         return SampleValues(self.executor(dtype).run(self.sample(i), return_all=True))
 
     def precompute(self, values: int = 0) -> None:
-        """Compute now, with the float32 executor of the original, its outputs on every sample and (for per-pass
-        verification) every tensor on the first ``values`` samples. Nothing changes in what the other methods
+        """Compute now, with the float32 executor of the original, every tensor on the first ``values`` samples
+        (for per-pass verification; the outputs on every sample are computed when first asked for, by
+        :meth:`outputs` or along with other tensors by :meth:`tensors`). Nothing changes in what the other methods
         return."""
         for i in range(min(values, self.num_samples)):
             self.values(i)
-        self.outputs(np.float32)
 
     def __repr__(self) -> str:
         return f"<ReferenceData {self.source}: {self.num_samples} samples of {[s.name for s in self.specs]}>"

@@ -222,6 +222,7 @@ def test_tensors_reuses_the_executor_and_computes_what_values_computes() -> None
     model, _ = _weighted_model()
     ref = ReferenceData.random(model, n=3, seed=1)
     ref.precompute()
+    ref.outputs()
     ex = ref._executors["float32"]
     got = dict(ref.tensors(["h"], [0, 2]))
     assert ref._executors["float32"] is ex  # no second executor built
@@ -229,3 +230,22 @@ def test_tensors_reuses_the_executor_and_computes_what_values_computes() -> None
     for i in (0, 2):
         np.testing.assert_array_equal(got[i]["h"], ref.values(i)["h"])
         np.testing.assert_array_equal(got[i]["y"], ref.outputs()["y"][i:i + 1])
+
+
+def test_outputs_come_with_tensors_run_on_every_sample() -> None:
+    model, _ = _weighted_model()
+    plain = ReferenceData.random(model, n=3, seed=1)
+    ref = ReferenceData.random(model, n=3, seed=1)
+    for _ in ref.tensors(["h"], range(3)):
+        pass
+    assert "float32" not in ref._outputs  # assembled when first asked for, not before
+    runs = []
+    ex = ref._executors["float32"]
+    ex.run, original_run = (lambda *a, **k: runs.append(a) or original_run(*a, **k)), ex.run
+    got = ref.outputs()["y"]
+    assert not runs  # no run: the three samples' outputs were seen
+    np.testing.assert_array_equal(got, plain.outputs()["y"])
+    partial = ReferenceData.random(model, n=3, seed=1)
+    for _ in partial.tensors(["h"], [0, 2]):
+        pass
+    np.testing.assert_array_equal(partial.outputs()["y"], plain.outputs()["y"])  # one missing: a full run
