@@ -13,6 +13,8 @@ flatten of a permuted one (``tensor = canonical[:, cols]``). The rules, each an 
   operands, constants transposed back by ``p⁻¹`` (or their features reordered by ``cols⁻¹``), result ``p``;
 * MultiThreshold / QuantAvgPool2d: the ``data_layout`` names the channel axis of the physical tensor; the canonical
   term records the axis (layout) it is in the canonical tensor; per-feature threshold rows follow ``cols``;
+* MaxPool (NCHW) and MaxPoolNHWC (MakeMaxPoolNHWC): one pooling term, recording which canonical axes are pooled as
+  H and W, with the kernel, strides, pads and ceil_mode (defaults filled in; ``auto_pad`` VALID is pads 0);
 * MatMul with a constant weight: a permutation that keeps the last axis last commutes; a feature order ``cols``
   becomes an order of the weight's rows (canonical ``W[cols⁻¹]``);
 * a flatten (Flatten, or a Reshape to ``[N, F]``) of ``(t, p)`` with ``p[0] = 0`` is ``flatten(t)[:, cols]``;
@@ -282,7 +284,8 @@ class _Canon:
             return
         # the rules apply to plain operands too: both versions must name the same computation the same way
         rule = {"MultiThreshold": self.multithreshold, "QuantAvgPool2d": self.quantavgpool, "MatMul": self.matmul,
-                "Flatten": self.flatten, "Reshape": self.flatten, "Concat": self.concat}.get(op)
+                "Flatten": self.flatten, "Reshape": self.flatten, "Concat": self.concat, "MaxPool": self.maxpool,
+                "MaxPoolNHWC": self.maxpool}.get(op)
         if op in _ELEMENTWISE:
             rule = self.elementwise
         elif op in _REDUCE:
@@ -359,6 +362,30 @@ class _Canon:
             canonical[r.perm[i]] = letter
         self.emit(node, ("QuantAvgPool2d", _attrs(node, ("data_layout",)), "".join(canonical), ("t", r.term)),
                   Rep(0, r.perm))
+        return True
+
+    def maxpool(self, node: ir.Node, ins: list) -> bool:
+        r = ins[0][1] if len(ins) == 1 and ins[0][0] == "t" else None
+        if r is None or r.cols is not None or len(r.perm) != 4:
+            return False
+        get = lambda name, default: tuple(int(v) for v in node.attributes[name].value) if name in node.attributes \
+            else default  # noqa: E731
+        if node.op_type == "MaxPool":
+            if (node.domain or "") or get("dilations", (1, 1)) != (1, 1):
+                return False
+            auto_pad = str(node.attributes["auto_pad"].value) if "auto_pad" in node.attributes else "NOTSET"
+            if auto_pad not in ("NOTSET", "VALID", ""):
+                return False
+            layout, pads = "NCHW", (0, 0, 0, 0) if auto_pad == "VALID" else get("pads", (0, 0, 0, 0))
+        else:
+            layout, pads = "NHWC", get("pads", (0, 0, 0, 0))
+        canonical = [""] * 4
+        for i, letter in enumerate(layout):
+            canonical[r.perm[i]] = letter
+        ceil = int(node.attributes["ceil_mode"].value) if "ceil_mode" in node.attributes else 0
+        key = ("MaxPool2d", get("kernel_shape", ()), get("strides", (1, 1)), pads, ceil, "".join(canonical),
+               ("t", r.term))
+        self.emit(node, key, [Rep(0, r.perm)] + [None] * (len(node.outputs) - 1))  # not the Indices output
         return True
 
     def matmul(self, node: ir.Node, ins: list) -> bool:

@@ -198,5 +198,64 @@ def test_zoo_layout_passes_are_proved(name: str) -> None:
     # per-pass checks (the default checks the lower stage as a whole, proving nothing structurally: verify.hook)
     hook = VerificationHook(ReferenceData.random(model, n=2, seed=0, low=lo, high=hi), granularity="every-pass")
     PassManager(Config().build_stages(), [hook]).run(model)
-    rec = next(r for r in hook.records if r.pass_name == "ConvertToNHWC")
-    assert rec.policy.startswith("structural proof"), rec.policy
+    for layout_pass in ("ConvertToNHWC", "MakeMaxPoolNHWC"):  # CNV has MaxPools
+        rec = next(r for r in hook.records if r.pass_name == layout_pass)
+        assert rec.policy.startswith("structural proof"), (layout_pass, rec.policy)
+
+
+def maxpool_net(**attrs: Any) -> Model:
+    """NCHW: a per-channel MultiThreshold, a MaxPool (with ``attrs``) and a per-channel Mul."""
+    rng = np.random.default_rng(3)
+    g = GraphBuilder()
+    g.input("x", [1, 3, 6, 6])
+    thr = np.sort(rng.uniform(-2, 2, size=(3, 3)), axis=1).astype(np.float32)
+    g.multithreshold("x", "t", "mt", thr, "UINT2")
+    g.node("MaxPool", ["t"], ["p"], "pool", **{"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1],
+                                               **attrs})
+    g.init("c", rng.uniform(0.5, 2, size=(1, 3, 1, 1)).astype(np.float32))
+    g.node("Mul", ["p", "c"], ["y"], "mul")
+    g.output("y", [1, 3, 3, 3])
+    m = g.model()
+    m.infer_shapes()
+    return m
+
+
+@pytest.mark.parametrize("attrs", [{}, {"ceil_mode": 1}])
+def test_make_maxpool_nhwc_is_proved_alone_and_with_convert_to_nhwc(attrs: dict) -> None:
+    from streamline.lower_pool import MakeMaxPoolNHWC
+
+    model = maxpool_net(**attrs)
+    before = clone_model(model)
+    assert MakeMaxPoolNHWC().apply(model)
+    assert any(n.op_type == "MaxPoolNHWC" for n in model.graph)
+    assert prove_layout(before, model).status == "proved"
+    assert ConvertToNHWC().apply(model)
+    proof = prove_layout(before, model)
+    assert proof.status == "proved", proof.message
+    hook = _run(maxpool_net(**attrs), MakeMaxPoolNHWC)  # in the hook: proved, nothing run
+    rec = next(r for r in hook.records if r.pass_name == "MakeMaxPoolNHWC")
+    assert rec.policy.startswith("structural proof") and rec.region_nodes == 0
+
+
+class _WrongStrides(Transformation):
+    """A broken MakeMaxPoolNHWC: the NHWC pool gets strides 1, and its output shape follows."""
+
+    pure_layout = True
+
+    def apply(self, model: Model) -> bool:
+        from streamline.lower_pool import MakeMaxPoolNHWC
+
+        MakeMaxPoolNHWC().apply(model)
+        pool = next(n for n in model.graph if n.op_type == "MaxPoolNHWC")
+        pool.attributes["strides"] = ir.AttrInt64s("strides", [1, 1])
+        return True
+
+
+def test_a_wrong_nhwc_pool_is_not_proved_and_sampling_catches_it() -> None:
+    model = maxpool_net()
+    before = clone_model(model)
+    _WrongStrides().apply(model)
+    assert prove_layout(before, model).status != "proved"
+    with pytest.raises(PassVerificationError) as err:
+        _run(maxpool_net(), _WrongStrides)
+    assert err.value.pass_name == "_WrongStrides"
