@@ -33,6 +33,7 @@ from finnlite.tensors import content_crc, is_immutable
 from verify.clone import clone_model
 from verify.final import final_check
 from verify.layout_proof import structural_outcome
+from verify.mt_proof import prove_changed_thresholds
 from verify.reference import ReferenceData
 from verify.region import structure_key
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, NearTie
@@ -206,6 +207,8 @@ class VerificationHook:
                 how = f"{policy.describe()} ({how})"
         if outcome is None:
             outcome = v.check(model, policy)
+            if outcome.ok and (proof := prove_changed_thresholds(v, model, outcome, policy)):
+                outcome.ok, (outcome.message, outcome.node, outcome.tensor) = False, proof
         if not outcome.ok:
             error = self._error(model, outcome, policy, label, pass_name, stage, iteration)
             if runs is not None and len(runs) > 1:  # several passes checked at once: name the first failing one
