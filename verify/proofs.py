@@ -374,10 +374,11 @@ def prove_levels(thr: np.ndarray, fit: AffineFit, lo: float, hi: float,
     integer. The thresholds jump only at ``ceil(thr[c, k])``: so the reference's jump is compared there (between
     ``t − 1`` and ``t``), and its total jump over ``[lo, hi]`` with the thresholds' total (then it cannot jump
     anywhere else). Each comparison evaluates ``levels`` at two points: ``O(C·N)`` evaluations, not one per integer
-    of the range. A point whose mapped value moves the reference's level within the fit's uncertainty
-    (``TIE_RTOL`` relative, 4 residuals, times ``1 + |a − mean|/std`` of the fitted data with ``extrapolate``) is a
-    tie and proves nothing, except in the channels where ``exact`` says the map and ``levels`` are exact. Returns
-    the channels that differ, with what shows it (empty if none, or if ``levels`` returns None)."""
+    of the range. ``levels`` is evaluated on either side of each mapped point, by the fit's uncertainty
+    (``TIE_RTOL`` relative, 4 residuals, times ``1 + |a − mean|/std`` of the fitted data with ``extrapolate``; 0 in
+    the channels where ``exact`` says the map and ``levels`` are exact): where the two differ the point is a tie
+    and proves nothing, else (``levels`` being monotone) that is its value at the point. Returns the channels that
+    differ, with what shows it (empty if none, or if ``levels`` returns None)."""
     channels = len(fit.ok)
     n = thr.shape[1]
     t = np.broadcast_to(thr.astype(np.float64), (channels, n))
@@ -390,14 +391,15 @@ def prove_levels(thr: np.ndarray, fit: AffineFit, lo: float, hi: float,
     residual = np.where(ok, fit.resid, 0.0)  # in accumulator steps: the fit's own uncertainty
     eps = TIE_RTOL * np.maximum(np.abs(x), 1.0) + (4 * residual * np.abs(slope))[:, None] * (
         1.0 + np.abs(points - fit.mean[:, None]) / np.sqrt(np.maximum(fit.var, 1e-30))[:, None] if extrapolate else 1.0)
+    if exact is not None:
+        eps[exact] = 0.0
     m = x.shape[1]
-    out = levels(np.concatenate([x, x - eps, x + eps], axis=1))  # one call: at the points and either side
+    out = levels(np.concatenate([x - eps, x + eps], axis=1))  # one call, either side of the points
     if out is None:
         return {}
-    q0, qm, qp = out[:, :m], out[:, m:2 * m], out[:, 2 * m:]
-    tie = (qm != q0) | (qp != q0)  # type: ignore[operator]
-    if exact is not None:
-        tie &= ~exact[:, None]
+    # ``levels`` is monotone: where it agrees on both sides it takes that value at the point too; else a tie
+    q0, qp = out[:, :m], out[:, m:]
+    tie = q0 != qp  # type: ignore[operator]
     count = count_at_least(points, t)  # the thresholds' level index at each point
     # (point, point before it) for every threshold inside the range, and (lo, hi)
     first = np.concatenate([np.arange(n), [2 * n]])
