@@ -12,7 +12,7 @@ tensor the version before the pass produced by a MultiThreshold (or quantizer) `
   are affine ones (no quantizer, Relu, pooling or other monotone function absorbed: :data:`AFFINE`), and the fit
   (:func:`verify.proofs.fit_affine`) of the cached old ``z`` against the new ``x`` on the probe samples leaves no
   residual above :data:`verify.proofs.RESIDUAL32` of a step, ``x`` taking at least three values in the channel
-  (two values fit any function). ``x`` and ``z`` the same tensor: ``A = 1, B = 0`` exactly.
+  (two values fit any function). ``x`` and ``z`` the same tensor with the same values: ``A = 1, B = 0`` exactly.
 
 Then both sides are monotone step functions of the integer ``x``, compared at every jump of ``MT_new`` and over the
 whole range (:func:`verify.proofs.prove_levels`, ``O(C·N)`` evaluations of ``F_old``). A mapped point within the
@@ -164,7 +164,7 @@ def prove_changed_thresholds(verifier: Any, model: Model, outcome: Any, policy: 
             continue
         levels, step = found
         lo, hi = float(np.ceil(dt.min())), float(np.floor(dt.max()))
-        if x == z:  # the same tensor: the identity map, exactly
+        if x == z and (x not in outcome.results[0] or x in outcome.keep):  # the same values: the identity, exactly
             ones = np.ones(channels)
             fit = AffineFit(ones, 0 * ones, 0 * ones, ones > 0, 0 * ones, ones)
             exact = fit.ok
