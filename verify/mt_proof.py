@@ -8,11 +8,13 @@ tensor the version before the pass produced by a MultiThreshold (or quantizer) `
 
 * ``x`` is an integer tensor of known range ``[lo, hi]`` (its datatype annotation: the range the threshold rules
   clip to, :mod:`streamline.round_thresholds`);
-* ``z`` is, per channel ``c``, an affine function ``z = A_c·x + B_c`` of ``x``: the nodes the pass replaced and made
-  are affine ones (no quantizer, Relu, pooling or other monotone function absorbed: :data:`AFFINE`), and the fit
-  (:func:`verify.proofs.fit_affine`) of the cached old ``z`` against the new ``x`` on the probe samples leaves no
-  residual above :data:`verify.proofs.RESIDUAL32` of a step, ``x`` taking at least three values in the channel
-  (two values fit any function). ``x`` and ``z`` the same tensor with the same values: ``A = 1, B = 0`` exactly.
+* ``z`` is, per channel ``c``, an affine function ``z = A_c·x + B_c`` of ``x``: ``x`` keeps its values through the
+  pass, and before it ``z`` was ``x`` (``A = 1, B = 0`` exactly) or was computed from ``x`` by a chain of per-element
+  affine ops with constant operands (:data:`ELEMENTWISE`: an absorbed Mul, Add, BatchNorm; no Relu, quantizer or
+  join, where a map that is affine on the samples need not be so on the whole range). ``A_c``, ``B_c`` are the
+  least-squares fit (:func:`verify.proofs.fit_affine`) of the cached old ``z`` against ``x`` on the probe samples,
+  which must leave no residual above :data:`verify.proofs.RESIDUAL32` of a step (a constant that varies along the
+  map is not one map per channel), ``x`` taking at least three values in the channel.
 
 Then both sides are monotone step functions of the integer ``x``, compared at every jump of ``MT_new`` and over the
 whole range (:func:`verify.proofs.prove_levels`, ``O(C·N)`` evaluations of ``F_old``). A mapped point within the
@@ -41,13 +43,27 @@ from verify.region import node_label
 
 log = logging.getLogger(__name__)
 
-__all__ = ["prove_changed_thresholds", "exact_levels", "AFFINE"]
+__all__ = ["prove_changed_thresholds", "exact_levels", "ELEMENTWISE"]
 
-#: ops a pass may replace or make besides the MultiThresholds it proves and the nodes they replace (affine per
-#: element, or linear layers): a replaced quantizer, Relu, pooling or other MultiThreshold may lie between ``x`` and
-#: ``z``, where a map that is affine on the samples need not be so on the whole range
-AFFINE = frozenset({"Mul", "Add", "Sub", "Div", "Conv", "MatMul", "Gemm", "BatchNormalization", "Transpose",
-                    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+#: per-element affine ops (with constant other operands): a chain of them from ``x`` to ``z`` in the version before
+#: the pass makes ``z`` an affine function of ``x`` per element, on every input, not only on the samples
+ELEMENTWISE = frozenset({"Mul", "Add", "Sub", "Div", "BatchNormalization", "Identity"})
+
+
+def _affine_chain(before: Any, z: str, x: str, depth: int = 8) -> bool:
+    """Whether, before the pass, ``z`` is ``x`` or is computed from ``x`` by a chain of :data:`ELEMENTWISE` ops whose
+    other operands are constants (``x`` their data input: not ``c / x``)."""
+    for _ in range(depth):
+        if z == x:
+            return True
+        node = before.producers.get(z)
+        if node is None or node.op_type not in ELEMENTWISE:
+            return False
+        computed = [v for v in node.inputs if v is not None and const_array(v) is None]
+        if len(computed) != 1 or (node.op_type in ("Div", "BatchNormalization") and computed[0] is not node.inputs[0]):
+            return False
+        z = computed[0].name
+    return False
 
 
 #: the fit uses at most this many positions per channel and sample (a 112×112 map: every 13th): plenty to tell an
@@ -127,15 +143,6 @@ def prove_changed_thresholds(verifier: Any, model: Model, outcome: Any, policy: 
     if not mts:
         return None
     snap = verifier.snapshot
-    olds = {id(snap.producers.get(n.outputs[0].name)) for n in mts}  # the nodes the proved ones replace
-    replaced = [snap.producers.get(o.name) for n in change.nodes for o in n.outputs] + [
-        snap.producers.get(name) for name in change.removed]
-    foreign = sorted({n.op_type for n in change.nodes if n.op_type not in AFFINE and n.op_type != "MultiThreshold"}
-                     | {r.op_type for r in replaced if r is not None and r.op_type not in AFFINE and id(r) not in olds})
-    if foreign:
-        for n in mts:
-            _skip(node_label(n), f"the pass replaced or made {', '.join(foreign)}")
-        return None
     for node in mts:
         label = node_label(node)
         old = snap.producers.get(node.outputs[0].name)
@@ -149,6 +156,10 @@ def prove_changed_thresholds(verifier: Any, model: Model, outcome: Any, policy: 
             _skip(label, f"input '{x}' is not an integer tensor of known range, or its thresholds are not constant")
             continue
         z = old.inputs[0].name
+        if x in outcome.results[0] and x not in outcome.keep or x not in verifier.values[0] or not _affine_chain(
+                snap, z, x):
+            _skip(label, f"'{z}' before the pass is not '{x}' (with its values) or an affine function of it")
+            continue
         xs = [r[x] if x in r else v[x] for r, v in zip(outcome.results, verifier.values)]
         zs = [v[z] for v in verifier.values] if z in verifier.values[0] else None
         ndim = np.ndim(xs[0])
@@ -164,7 +175,7 @@ def prove_changed_thresholds(verifier: Any, model: Model, outcome: Any, policy: 
             continue
         levels, step = found
         lo, hi = float(np.ceil(dt.min())), float(np.floor(dt.max()))
-        if x == z and (x not in outcome.results[0] or x in outcome.keep):  # the same values: the identity, exactly
+        if x == z:  # the same tensor with the same values: the identity, exactly
             ones = np.ones(channels)
             fit = AffineFit(ones, 0 * ones, 0 * ones, ones > 0, 0 * ones, ones)
             exact = fit.ok
