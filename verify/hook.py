@@ -5,7 +5,9 @@ pass the :class:`~verify.verifier.Verifier` compares the new model version with 
 changed (see :mod:`verify.verifier`), under the policy the pass (or its stage) declares. On a mismatch the hook
 saves the models before and after the pass and raises :class:`PassVerificationError` naming the pass, the first
 diverging tensor and its producing node, the largest error and the files. Float32 near-ties (:mod:`verify.ties`)
-are accepted and logged with their margins. The checks run in this process, each one before the next pass starts.
+are accepted and logged with their margins. A MultiThreshold the pass rewrote is also proved on every integer of its
+input's range where :mod:`verify.mt_proof` can (a threshold off by one that no probe sample reaches fails the check,
+naming the node and the channel). The checks run in this process, each one before the next pass starts.
 
 A stage declared with ``granularity="stage"`` (:class:`finnlite.passes.Stage`) is checked once, at its end, for
 everything its passes changed; if that check fails, its pass runs are replayed one by one from the last verified
