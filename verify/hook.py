@@ -5,7 +5,9 @@ pass the :class:`~verify.verifier.Verifier` compares the new model version with 
 changed (see :mod:`verify.verifier`), under the policy the pass (or its stage) declares. On a mismatch the hook
 saves the models before and after the pass and raises :class:`PassVerificationError` naming the pass, the first
 diverging tensor and its producing node, the largest error and the files. Float32 near-ties (:mod:`verify.ties`)
-are accepted and logged with their margins. The checks run in this process, each one before the next pass starts.
+are accepted and logged with their margins. A MultiThreshold the pass rewrote is also proved on every integer of its
+input's range where :mod:`verify.mt_proof` can (a threshold off by one that no probe sample reaches fails the check,
+naming the node and the channel). The checks run in this process, each one before the next pass starts.
 
 A stage declared with ``granularity="stage"`` (:class:`finnlite.passes.Stage`) is checked once, at its end, for
 everything its passes changed; if that check fails, its pass runs are replayed one by one from the last verified
@@ -33,6 +35,7 @@ from finnlite.tensors import content_crc, is_immutable
 from verify.clone import clone_model
 from verify.final import final_check
 from verify.layout_proof import structural_outcome
+from verify.mt_proof import prove_changed_thresholds
 from verify.reference import ReferenceData
 from verify.region import structure_key
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, NearTie
@@ -206,6 +209,8 @@ class VerificationHook:
                 how = f"{policy.describe()} ({how})"
         if outcome is None:
             outcome = v.check(model, policy)
+            if outcome.ok and (proof := prove_changed_thresholds(v, model, outcome, policy)):
+                outcome.ok, (outcome.message, outcome.node, outcome.tensor) = False, proof
         if not outcome.ok:
             error = self._error(model, outcome, policy, label, pass_name, stage, iteration)
             if runs is not None and len(runs) > 1:  # several passes checked at once: name the first failing one

@@ -31,7 +31,7 @@ comparison stands alone). The comparison costs ``O(C·N)`` quantizer evaluations
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from verify.compare import is_integer_tensor
 from verify.region import node_label
 from verify.ties import is_bipolar
 
-__all__ = ["ProofIssue", "prove_thresholds", "proof_inputs", "proof_samples", "RESIDUAL", "TIE_RTOL"]
+__all__ = ["ProofIssue", "prove_thresholds", "prove_levels", "proof_inputs", "proof_samples", "RESIDUAL", "TIE_RTOL"]
 
 RESIDUAL = 1e-3
 #: the same against the original's float32 execution (its rounding: ~1e-3 of a step on mobilenet_v1_4b)
@@ -194,9 +194,21 @@ def _quantize(q: Any, original: Model, x: np.ndarray) -> np.ndarray | None:
         return None
 
 
-def _fits(a3: np.ndarray, z3: np.ndarray) -> list[tuple[float, float, float] | None]:
-    """Per channel of ``[samples, C, rest]`` arrays: ``(A, B, worst residual in steps of A)`` of the least-squares
-    ``z ≈ A·a + B``; None for a channel where ``a`` takes one value only."""
+@dataclass
+class AffineFit:
+    """Per channel: the least-squares ``z ≈ slope·a + bias``, the worst residual in steps of ``slope``, whether it
+    is fitted (``a`` takes two values or more), and the mean and variance of ``a`` on the data."""
+
+    slope: np.ndarray
+    bias: np.ndarray
+    resid: np.ndarray
+    ok: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+
+
+def fit_affine(a3: np.ndarray, z3: np.ndarray) -> AffineFit:
+    """The per-channel fits of ``[samples, C, rest]`` arrays (see :class:`AffineFit`)."""
     mean_a, mean_z = a3.mean(axis=(0, 2)), z3.mean(axis=(0, 2))
     ac, zc = a3 - mean_a[:, None], z3 - mean_z[:, None]
     big = np.einsum("scr,scr->c", ac, ac)
@@ -205,8 +217,15 @@ def _fits(a3: np.ndarray, z3: np.ndarray) -> list[tuple[float, float, float] | N
         ac *= slope[:, None]
         zc -= ac  # the residual z − (A·a + B), in place
         resid = np.abs(zc, out=zc).max(axis=(0, 2)) / np.abs(slope)
-    bias = mean_z - slope * mean_a
-    return [(float(slope[c]), float(bias[c]), float(resid[c])) if big[c] > 0 and slope[c] != 0 else None
+    ok = (big > 0) & (slope != 0)
+    return AffineFit(slope, mean_z - slope * mean_a, resid, ok, mean_a, big / (a3.shape[0] * a3.shape[2]))
+
+
+def _fits(a3: np.ndarray, z3: np.ndarray) -> list[tuple[float, float, float] | None]:
+    """Per channel of ``[samples, C, rest]`` arrays: ``(A, B, worst residual in steps of A)`` of the least-squares
+    ``z ≈ A·a + B``; None for a channel where ``a`` takes one value only."""
+    f = fit_affine(a3, z3)
+    return [(float(f.slope[c]), float(f.bias[c]), float(f.resid[c])) if f.ok[c] else None
             for c in range(a3.shape[1])]
 
 
@@ -318,50 +337,83 @@ def _step(q: Any, channels: int, rest: int) -> np.ndarray | None:
 
 def _prove(mt: _Match, original: Model, thr: np.ndarray, fits: list[tuple[float, float, float] | None],
            lo: float, hi: float, rest: int) -> dict[int, str]:
-    """Step 2 of the module docstring for one matched pair, every channel with a fitted map. Both functions are
-    monotone step functions of the integer input ``a`` in ``[lo, hi]``; they are equal up to the naming of their
-    levels iff they jump by the same number of levels at every integer. The streamlined one jumps only at
-    ``ceil(T[c, k])``: so the original's jump is compared there (between ``t − 1`` and ``t``), and its total jump
-    over ``[lo, hi]`` with the streamlined total (then it cannot jump anywhere else). Each comparison evaluates the
-    original quantizer at two points: ``O(C·N)`` evaluations, not one per integer of the range. Returns the
-    channels that differ, with what shows it (empty if none, or if the quantizer's layout is not handled)."""
+    """Step 2 of the module docstring for one matched pair (see :func:`prove_levels`), with the original quantizer
+    (in float64; a Relu in front of it applied first) as the reference level function."""
     channels = len(fits)
     step = _step(mt.q, channels, rest)
     if step is None:
         return {}
+
+    def levels(x: np.ndarray) -> np.ndarray | None:
+        shape = (x.shape[1], channels) + (1,) * (rest - 1)
+        out = _quantize(mt.q, original, (np.maximum(x, 0.0) if mt.relu else x).T.reshape(shape))
+        return None if out is None else out.reshape(x.shape[1], channels).T
+
+    fit = AffineFit(*(np.array([f[i] if f else d for f in fits]) for i, d in ((0, 1.0), (1, 0.0), (2, 0.0))),
+                    np.array([f is not None for f in fits]), np.zeros(channels), np.ones(channels))
+    return prove_levels(thr, fit, lo, hi, levels, step)
+
+
+def count_at_least(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """``#{k : x[c, m] ≥ t[c, k]}`` for ``x`` of shape ``[C, M]`` and ``t`` of shape ``[C, N]`` (one threshold at a
+    time: a ``[C, M, N]`` comparison summed over its last axis is several times slower)."""
+    count = np.zeros(x.shape, np.int16 if t.shape[1] < 2**15 else np.int64)  # narrow: half the time
+    for k in range(t.shape[1]):
+        count += x >= t[:, k:k + 1]
+    return count
+
+
+def prove_levels(thr: np.ndarray, fit: AffineFit, lo: float, hi: float,
+                 levels: Callable[[np.ndarray], np.ndarray | None], step: np.ndarray, *,
+                 exact: np.ndarray | None = None, extrapolate: bool = False,
+                 reference: str = "the original quantizer") -> dict[int, str]:
+    """Whether ``#{k : a ≥ thr[c, k]}`` and ``levels(A_c·a + B_c)`` (``A_c``, ``B_c``: ``fit.slope``,
+    ``fit.bias``; ``levels`` maps ``[C, M]`` real inputs to ``[C, M]`` output values, ``step[c]`` apart) are the
+    same step function of the integer ``a`` in ``[lo, hi]`` up to the naming of their levels, for every channel
+    with ``fit.ok``. Both are monotone; they are equal so iff they jump by the same number of levels at every
+    integer. The thresholds jump only at ``ceil(thr[c, k])``: so the reference's jump is compared there (between
+    ``t − 1`` and ``t``), and its total jump over ``[lo, hi]`` with the thresholds' total (then it cannot jump
+    anywhere else). Each comparison evaluates ``levels`` at two points: ``O(C·N)`` evaluations, not one per integer
+    of the range. ``levels`` is evaluated on either side of each mapped point, by the fit's uncertainty
+    (``TIE_RTOL`` relative, 4 residuals, times ``1 + |a − mean|/std`` of the fitted data with ``extrapolate``; 0 in
+    the channels where ``exact`` says the map and ``levels`` are exact): where the two differ the point is a tie
+    and proves nothing, else (``levels`` being monotone) that is its value at the point. Returns the channels that
+    differ, with what shows it (empty if none, or if ``levels`` returns None)."""
+    channels = len(fit.ok)
     n = thr.shape[1]
     t = np.broadcast_to(thr.astype(np.float64), (channels, n))
     jump_at = np.clip(np.ceil(t), lo, hi + 1)  # where each threshold switches on, within the range
     points = np.clip(np.concatenate([jump_at, jump_at - 1, np.full((channels, 1), lo), np.full((channels, 1), hi)],
                                     axis=1), lo, hi)  # [C, M]
-    slope = np.array([f[0] if f else 1.0 for f in fits])
-    bias = np.array([f[1] if f else 0.0 for f in fits])
+    ok = fit.ok
+    slope, bias = np.where(ok, fit.slope, 1.0), np.where(ok, fit.bias, 0.0)
     x = points * slope[:, None] + bias[:, None]
-    if mt.relu:
-        x = np.maximum(x, 0.0)
-    residual = np.array([f[2] if f else 0.0 for f in fits])  # in accumulator steps: the fit's own uncertainty
-    eps = TIE_RTOL * np.maximum(np.abs(x), 1.0) + (4 * residual * np.abs(slope))[:, None]
-    shape = (points.shape[1], channels) + (1,) * (rest - 1)
-    outs = [_quantize(mt.q, original, (x + d * eps).T.reshape(shape)) for d in (0.0, -1.0, 1.0)]
-    if any(o is None for o in outs):
+    residual = np.where(ok, fit.resid, 0.0)  # in accumulator steps: the fit's own uncertainty
+    eps = TIE_RTOL * np.maximum(np.abs(x), 1.0) + (4 * residual * np.abs(slope))[:, None] * (
+        1.0 + np.abs(points - fit.mean[:, None]) / np.sqrt(np.maximum(fit.var, 1e-30))[:, None] if extrapolate else 1.0)
+    if exact is not None:
+        eps[exact] = 0.0
+    m = x.shape[1]
+    out = levels(np.concatenate([x - eps, x + eps], axis=1))  # one call, either side of the points
+    if out is None:
         return {}
-    q0, qm, qp = (o.reshape(points.shape[1], channels).T for o in outs)  # type: ignore[union-attr]
-    tie = (qm != q0) | (qp != q0)
-    count = (points[:, :, None] >= t[:, None, :]).sum(axis=2)  # the streamlined level index at each point
+    # ``levels`` is monotone: where it agrees on both sides it takes that value at the point too; else a tie
+    q0, qp = out[:, :m], out[:, m:]
+    tie = q0 != qp  # type: ignore[operator]
+    count = count_at_least(points, t)  # the thresholds' level index at each point
     # (point, point before it) for every threshold inside the range, and (lo, hi)
     first = np.concatenate([np.arange(n), [2 * n]])
     second = np.concatenate([np.arange(n) + n, [2 * n + 1]])
     inside = np.concatenate([(jump_at > lo) & (jump_at <= hi), np.ones((channels, 1), bool)], axis=1)
     ours = np.abs(count[:, first] - count[:, second])
-    theirs = np.rint(np.abs(q0[:, first] - q0[:, second]) / step[:, None]).astype(np.int64)
-    fitted = np.array([f is not None for f in fits])[:, None]
-    bad = inside & fitted & ~tie[:, first] & ~tie[:, second] & (ours != theirs)
+    theirs = np.rint(np.abs(q0[:, first] - q0[:, second]) / step[:, None]).astype(np.int64)  # type: ignore[index]
+    bad = inside & ok[:, None] & ~tie[:, first] & ~tie[:, second] & (ours != theirs)
     wrong: dict[int, str] = {}
     for c, k in zip(*np.nonzero(bad)):
         if int(c) in wrong:
             continue
         a0, a1 = sorted((points[c, second[k]], points[c, first[k]]))
         wrong[int(c)] = (f"channel {c}: from integer input {a0:g} to {a1:g} the thresholds change the level by "
-                         f"{ours[c, k]}, the original quantizer by {theirs[c, k]} (the real thresholds of its levels "
+                         f"{ours[c, k]}, {reference} by {theirs[c, k]} (the real thresholds of its levels "
                          f"differ from these: checked on every integer in [{lo:g}, {hi:g}])")
     return wrong
