@@ -45,7 +45,7 @@ from verify.region import (constant_tensors, descendants, executor_with_outputs,
                            subgraph_model, topo_order)
 from verify.locate import Divergence, first_divergence
 from verify.proofs import ProofIssue, proof_inputs, proof_samples, prove_thresholds
-from verify.tail import TailIssue, check_tail
+from verify.tail import TailIssue, check_tail, tail_outputs64
 from verify.weights import WeightIssue, compare_weights
 from verify.ties import QUANTIZER_OPS, Margin, margin_at, near_elements
 
@@ -372,7 +372,7 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     Further checks (each a failure of its own): ``annotations``: every integer datatype claim of ``model`` against
     the values seen on the samples and the ranges derived from the graph (:mod:`verify.annotations`);
     ``tail_samples``: on that many samples whose levels agree (those the proofs ran the original in float64 on, if
-    any; else it runs in float64 on them), the
+    any; else its tail from the last quantizers runs in float64 on them, :func:`verify.tail.tail_outputs64`), the
     output dequantization's scale and bias as numbers (:mod:`verify.tail`); ``locate``: after a failure, the first
     intermediate tensor that diverges (:mod:`verify.locate`); ``proofs``: every MultiThreshold matched to a quantizer
     of the original, on every integer input of its range (:mod:`verify.proofs`), and every weight matched to an
@@ -430,6 +430,7 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
         ref64 = None
     ref64_all = ref64
     runners: dict[str, Any] = {}
+    tail64: dict[int, dict[str, np.ndarray]] = {}  # the original's float64 outputs from its tail (verify.tail)
     in64: Any = None
     for out in m.output_names:
         tail = tails[out]
@@ -508,11 +509,15 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
             agreeing = [i for i in range(n) if i not in wrong and i not in check.float_layer_ties]
             have = [i for i in agreeing if lazy64 is not None and i in lazy64.cache]  # run in float64 already
             chosen = (have or agreeing)[:tail_samples]
+            fresh = [i for i in chosen if lazy64 is not None and i not in lazy64.cache]
             chosen += [i for i in check.error_samples][:8]
             triples = []
             try:
+                if fresh and not tail64:  # the original's tail alone in float64, not the whole network
+                    tail64.update(tail_outputs64(reference, fresh) or {})
                 for i in chosen:
-                    y64 = lazy64.sample(i)[out] if lazy64 is not None else _slice(ref64_all[out], i, b0)
+                    y64 = (tail64[i][out] if i in tail64 else lazy64.sample(i)[out] if lazy64 is not None
+                           else _slice(ref64_all[out], i, b0))
                     triples.append((i, slices[i][tail[0]], y64))
             except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
                 result.float64_error = f"{type(exc).__name__}: {exc}"

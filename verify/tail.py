@@ -27,11 +27,11 @@ wrong (:attr:`TailIssue.explains_levels`), and that is what the final check repo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["TailIssue", "check_tail", "TAIL_RTOL"]
+__all__ = ["TailIssue", "check_tail", "TAIL_RTOL", "last_quantizers", "tail_outputs64"]
 
 #: relative tolerance on the tail's scale (and on its bias, relative to the scale or to the bias itself)
 TAIL_RTOL = 1e-6
@@ -133,3 +133,61 @@ def check_tail(output: str, q_name: str, runner: Any, tail_nodes: list[Any], sam
     node = node_label(named[-1] if which == "bias" else named[0]) if named else None
     explains = exact and informative > 0 and which is not None
     return TailIssue(output, worst[1], node, worst[0], detail, explains_levels=explains)
+
+
+#: ops that make levels of their data input: the original's tail starts at the last of them on each path
+_LEVEL_OPS = ("Quant", "IntQuant", "BipolarQuant", "Trunc", "MultiThreshold")
+
+
+def last_quantizers(original: Any) -> tuple[list[Any], list[str]] | None:
+    """The nodes of ``original`` from its last activation quantizers to its outputs (those quantizers included, with
+    the constant-only nodes they read, such as weight quantizers), and the quantizers' data inputs; None if an output
+    depends on a graph input through no quantizer."""
+    from verify.region import constant_tensors, topo_order
+
+    const = constant_tensors(original)
+    keep: dict[int, Any] = {}
+    feeds: set[str] = set()
+    work, seen = list(original.output_names), set()
+    while work:
+        name = work.pop()
+        if name in seen or original.is_initializer(name):
+            continue
+        seen.add(name)
+        node = original.find_producer(name)
+        if node is None:
+            return None  # a graph input, reached through no quantizer
+        if id(node) in keep:
+            continue
+        keep[id(node)] = node
+        data = node.inputs[0] if node.inputs else None
+        if node.op_type in _LEVEL_OPS and data is not None and data.name not in const:
+            feeds.add(data.name)  # levels of an activation: the tail starts here
+            work += [v.name for v in node.inputs[1:] if v is not None]
+        else:
+            work += [v.name for v in node.inputs if v is not None]
+    return topo_order(list(keep.values())), sorted(feeds)
+
+
+def tail_outputs64(reference: Any, samples: Sequence[int]) -> dict[int, dict[str, np.ndarray]] | None:
+    """The original's outputs in float64 on ``samples``, from its last activation quantizers on
+    (:func:`last_quantizers`): their inputs from its float32 run, the rest in float64. Where the quantizers' levels
+    agree with float64 execution (all but float32 near-ties there) this is float64 execution; at such a near-tie it
+    is the float32 levels, as the streamlined model they are compared with agrees with. A small model instead of a
+    float64 run of the whole network (ResNet-18: its classifier instead of 21 layers). None if there is no tail."""
+    from custom_ops.executor import Executor
+    from verify.region import subgraph_model
+
+    original = reference.original()
+    found = last_quantizers(original)
+    if found is None or not samples:
+        return None
+    nodes, feeds = found
+    runs = dict(reference.tensors(feeds, samples, np.float32))
+    consts = {v.name: original.get_initializer(v.name) for n in nodes for v in n.inputs
+              if v is not None and original.is_initializer(v.name)}
+    first = {f: np.asarray(runs[samples[0]][f], np.float64) for f in feeds}
+    ex = Executor(subgraph_model(nodes, first, consts, original.graph.opset_imports), dtype=np.float64)
+    outs = original.output_names
+    return {i: {o: v for o, v in ex.run({f: np.asarray(runs[i][f], np.float64) for f in feeds}).items() if o in outs}
+            for i in samples}

@@ -75,16 +75,52 @@ def _tail_net(scale: float = 0.3, bias: float = -0.7):
     return g.model()
 
 
+@pytest.mark.parametrize("float64", ["all", "mismatch"])  # mismatch: the original's tail alone runs in float64
 @pytest.mark.parametrize("scale, bias, node", [(0.3 * 1.001, -0.7, "mul_out"), (0.3, -0.7 + 0.3 * 0.3, "add_out"),
                                                (0.3, -0.7 - 0.45 * 0.3, "add_out")])
-def test_tail_constants_are_compared_as_numbers(scale: float, bias: float, node: str) -> None:
+def test_tail_constants_are_compared_as_numbers(scale: float, bias: float, node: str, float64: str) -> None:
     ref = ReferenceData.random(_tail_net(), n=4)
-    result = final_check(ref, _tail_net(scale, bias))
+    result = final_check(ref, _tail_net(scale, bias), float64=float64)
     assert all(o.ok for o in result.outputs)  # within half a step: the levels agree
     assert not result.ok and result.tail_issues[0].node == node
     with pytest.raises(VerificationError, match="output dequantization"):
         result.raise_for_errors()
-    assert final_check(ref, _tail_net()).ok
+    assert final_check(ref, _tail_net(), float64=float64).ok
+
+
+def test_the_tail_of_the_original_runs_alone_from_its_last_quantizers() -> None:
+    from verify.tail import last_quantizers, tail_outputs64
+
+    model = _tail_net()
+    nodes, feeds = last_quantizers(model)
+    assert [n.name for n in nodes] == ["mt0", "mul_out", "add_out"] and feeds == ["x"]
+    ref = ReferenceData.random(model, n=3, seed=2)
+    got = tail_outputs64(ref, [0, 2])
+    want = ref.outputs(np.float64)["out"]
+    np.testing.assert_array_equal(got[2]["out"], want[2:3])
+    assert sorted(got) == [0, 2]
+    g = GraphBuilder()  # no quantizer between the input and the output: no tail
+    g.input("x", [1, 4])
+    g.init("W", np.ones((4, 2), np.float32))
+    g.node("MatMul", ["x", "W"], ["y"], "mm")
+    g.output("y", [1, 2])
+    assert last_quantizers(g.model()) is None
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", ["cnv_2w2a", "resnet18_4w4a_ts", "tfc_1w1a"])
+def test_the_original_tail_in_float64_is_float64_execution(name: str) -> None:
+    from finnlite import Model
+    from tests.zoo import manifest, zoo_model_path
+    from verify.tail import tail_outputs64
+
+    lo, hi = manifest()[name]["input_range"]
+    ref = ReferenceData.random(Model(zoo_model_path(name)), n=3, seed=0, low=lo, high=hi)
+    got = tail_outputs64(ref, [0, 1, 2])
+    want = ref.outputs(np.float64)
+    for out, full in want.items():
+        tail = np.concatenate([got[i][out] for i in range(3)])
+        np.testing.assert_allclose(tail, full, rtol=1e-12, atol=1e-12 * float(np.abs(full).max()))
 
 
 def test_check_tail_accepts_float32_copies_of_the_constants() -> None:
