@@ -303,9 +303,22 @@ class ReferenceData:
         return full
 
     def original(self) -> Model:
-        """The original model as a :class:`finnlite.Model` (shared; do not modify)."""
+        """The original model as a :class:`finnlite.Model` (shared; do not modify), holding the snapshot's weight
+        arrays as they are (not serialized into a proto and parsed again: ResNet-18's 44 MB twice)."""
         if self._original is None:
-            self._original = Model(self._shared.get("proto") or self._full_proto(), check=False)
+            if "proto" in self._shared:
+                self._original = Model(self._shared["proto"], check=False)
+            else:
+                quiet = logging.getLogger("onnx_ir.serde")  # the large weights' readers dangle until they are set
+                level = quiet.level
+                quiet.setLevel(logging.ERROR)
+                try:
+                    self._original = Model(self._proto, check=False)
+                finally:
+                    quiet.setLevel(level)
+                for name in self._order:
+                    if name in self._weights:
+                        self._original.set_initializer(name, self._weights[name])
         return self._original
 
     def computes(self, name: str) -> bool:

@@ -249,3 +249,16 @@ def test_outputs_come_with_tensors_run_on_every_sample() -> None:
     for _ in partial.tensors(["h"], [0, 2]):
         pass
     np.testing.assert_array_equal(partial.outputs()["y"], plain.outputs()["y"])  # one missing: a full run
+
+
+def test_the_original_model_holds_the_snapshots_weights_without_a_copy(caplog) -> None:
+    model, _ = _weighted_model()
+    ref = ReferenceData.random(model, n=2, seed=1)
+    with caplog.at_level("WARNING"):
+        original = ref.original()
+    assert not caplog.records  # no complaint about the weights' readers before the weights are set
+    assert np.shares_memory(original.get_initializer("w"), ref._weights["w"])
+    assert ref.describes(original)
+    from custom_ops.executor import Executor
+
+    np.testing.assert_array_equal(Executor(original.to_proto()).run(ref.sample(1))["y"], ref.outputs()["y"][1:2])
