@@ -40,6 +40,7 @@ from finnlite.shapes import const_array
 from verify.annotations import derived_ranges
 from verify.compare import is_integer_tensor
 from verify.region import node_label
+from verify.tail import float64_from_levels
 from verify.ties import is_bipolar
 
 __all__ = ["ProofIssue", "prove_thresholds", "prove_levels", "proof_inputs", "proof_samples", "RESIDUAL", "TIE_RTOL"]
@@ -237,8 +238,10 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
     ``ranges``: the model's :func:`~verify.annotations.derived_ranges` if the caller has them; ``outputs64``
     receives the original's float64 outputs on the samples it ran (for the caller's other checks).
 
-    The original's map is fitted on its float32 execution (fast) and, where that disagrees, on its float64 one,
-    and a fault is reported only when both disagree. The two executions of the original can part by more than
+    The original's map is fitted on its float32 execution (fast) and, where that disagrees, on float64 values: first
+    those of the disagreeing layers alone, run in float64 from the original's float32 levels before them
+    (:func:`verify.tail.float64_from_levels`), and where that does not settle it, the whole original run in float64;
+    a fault is reported only when float32 and the whole float64 run both disagree. The two executions of the original can part by more than
     rounding: on mobilenet_v1_4b (channel 711 of ``node__symbolic_53``'s input) they differ by a constant 2
     accumulator steps, and the streamlined thresholds follow the float32 one, as qonnx's execution does."""
     original = reference.original()
@@ -250,6 +253,7 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
     wanted = {mt.z for mt in matches}
     outs = set(original.output_names)
     values: dict[str, list[dict[str, np.ndarray]]] = {}
+    pending: list[_Pending] = []
 
     def original_values(dtype: str) -> list[dict[str, np.ndarray]]:
         """The original's quantizer inputs on the samples (only those are kept of its tensors), computed once."""
@@ -280,7 +284,6 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
         thr = const_array(mt.mt.inputs[1])
         if thr is None or thr.ndim != 2 or thr.shape[0] not in (1, a3.shape[1]):
             continue
-        label, qlabel = node_label(mt.mt), node_label(mt.q)
         if _after_join(original, mt.z):
             continue  # a join's integer multipliers (IntegerJoinMultipliers) agree with the original on the levels
             # the branches can reach, not on every integer of the range, and are not affine in the original's sum:
@@ -293,32 +296,63 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
             dt = model.get_tensor_datatype(mt.a)
             lohi = (float(dt.min()), float(dt.max()), True, True)
         lo, hi = float(np.ceil(lohi[0])), float(np.floor(lohi[1]))
-        # float32 first (onnxruntime: fast); float64 (numpy convolutions: slow) only where float32 disagrees
+        # float32 first (onnxruntime: fast); float64 only where float32 disagrees (after the loop)
         fit32 = _fits(a3, original_z("float32"))
-        fit64: list[tuple[float, float, float] | None] = []
         bad = [c for c, f in enumerate(fit32) if f is not None and f[2] > RESIDUAL32]
-        if bad:
-            fit64 = _fits(a3, original_z("float64"))
-            bad = [c for c in bad if fit64[c] is not None and fit64[c][2] > RESIDUAL]
-        if bad:
-            c = bad[0]
-            producer = model.find_producer(mt.a)
-            issues.append(ProofIssue(node_label(producer) if producer is not None else label, mt.a, qlabel,
-                                     f"channel {c} of the accumulator is not an affine function of the original's "
-                                     f"'{mt.z}' (residual {fit64[c][2]:.3g} accumulator steps on the reference data, "
-                                     f"{fit32[c][2]:.3g} against its float32 execution): its weights differ from "
-                                     "the original's"))
-            continue
-        if lo > hi:
-            continue
-        wrong32 = _prove(mt, original, thr, fit32, lo, hi, a.ndim - 2)
-        if wrong32 and not fit64:
-            fit64 = _fits(a3, original_z("float64"))
-        wrong64 = _prove(mt, original, thr, fit64, lo, hi, a.ndim - 2) if wrong32 else {}
-        both = sorted(set(wrong64) & set(wrong32))
-        if both:
-            issues.append(ProofIssue(label, mt.mt.inputs[1].name, qlabel, wrong64[both[0]]))
+        wrong32 = _prove(mt, original, thr, fit32, lo, hi, a.ndim - 2) if lo <= hi else {}
+        if bad or wrong32:
+            pending.append(_Pending(mt, nhwc, a3, thr, fit32, bad, wrong32, lo, hi, a.ndim - 2))
+    if not pending:
+        return issues
+    # the layers alone in float64 from the original's float32 levels before them (a small model); what that does
+    # not settle, against the whole original run in float64
+    local = float64_from_levels(reference, sorted({p.mt.z for p in pending}), list(sample_ids))
+    for p in pending:
+        issue = None
+        if local is not None and all(p.mt.z in local[i] for i in sample_ids):
+            issue = _verdict(p, model, original, [local[i][p.mt.z] for i in sample_ids])
+        if local is None or issue is not None:
+            issue = _verdict(p, model, original, [v[p.mt.z] for v in original_values("float64")])
+        if issue is not None:
+            issues.append(issue)
     return issues
+
+
+@dataclass
+class _Pending:
+    """A matched MultiThreshold whose float32 fit left channels unexplained (``bad``) or levels unproved
+    (``wrong32``): decided on float64 values of the original's accumulator."""
+
+    mt: _Match
+    nhwc: bool
+    a3: np.ndarray
+    thr: np.ndarray
+    fit32: list[tuple[float, float, float] | None]
+    bad: list[int]
+    wrong32: dict[int, str]
+    lo: float
+    hi: float
+    rest: int
+
+
+def _verdict(p: _Pending, model: Model, original: Model, z64: list[np.ndarray]) -> ProofIssue | None:
+    """The issue of ``p`` on the original's float64 accumulator ``z64`` (one array per sample), or None."""
+    z = np.stack(z64).astype(np.float64, copy=False)
+    fit64 = _fits(p.a3, _channels_first(np.moveaxis(z, 2, 4) if p.nhwc and z.ndim == 5 else z, p.nhwc))
+    label, qlabel = node_label(p.mt.mt), node_label(p.mt.q)
+    bad = [c for c in p.bad if fit64[c] is not None and fit64[c][2] > RESIDUAL]
+    if bad:
+        c = bad[0]
+        producer = model.find_producer(p.mt.a)
+        return ProofIssue(node_label(producer) if producer is not None else label, p.mt.a, qlabel,
+                          f"channel {c} of the accumulator is not an affine function of the original's "
+                          f"'{p.mt.z}' (residual {fit64[c][2]:.3g} accumulator steps on the reference data, "
+                          f"{p.fit32[c][2]:.3g} against its float32 execution): its weights differ from the original's")
+    if not p.wrong32:
+        return None
+    wrong64 = _prove(p.mt, original, p.thr, fit64, p.lo, p.hi, p.rest)
+    both = sorted(set(wrong64) & set(p.wrong32))
+    return ProofIssue(label, p.mt.mt.inputs[1].name, qlabel, wrong64[both[0]]) if both else None
 
 
 def _step(q: Any, channels: int, rest: int) -> np.ndarray | None:

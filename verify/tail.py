@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["TailIssue", "check_tail", "TAIL_RTOL", "last_quantizers", "tail_outputs64"]
+__all__ = ["TailIssue", "check_tail", "TAIL_RTOL", "last_quantizers", "float64_from_levels", "tail_outputs64"]
 
 #: relative tolerance on the tail's scale (and on its bias, relative to the scale or to the bias itself)
 TAIL_RTOL = 1e-6
@@ -139,16 +139,16 @@ def check_tail(output: str, q_name: str, runner: Any, tail_nodes: list[Any], sam
 _LEVEL_OPS = ("Quant", "IntQuant", "BipolarQuant", "Trunc", "MultiThreshold")
 
 
-def last_quantizers(original: Any) -> tuple[list[Any], list[str]] | None:
-    """The nodes of ``original`` from its last activation quantizers to its outputs (those quantizers included, with
-    the constant-only nodes they read, such as weight quantizers), and the quantizers' data inputs; None if an output
-    depends on a graph input through no quantizer."""
+def last_quantizers(original: Any, targets: Sequence[str] | None = None) -> tuple[list[Any], list[str]] | None:
+    """The nodes of ``original`` from its last activation quantizers before ``targets`` (default: its outputs) to
+    them (those quantizers included, with the constant-only nodes they read, such as weight quantizers), and the
+    quantizers' data inputs; None if a target depends on a graph input through no quantizer."""
     from verify.region import constant_tensors, topo_order
 
     const = constant_tensors(original)
     keep: dict[int, Any] = {}
     feeds: set[str] = set()
-    work, seen = list(original.output_names), set()
+    work, seen = list(original.output_names if targets is None else targets), set()
     while work:
         name = work.pop()
         if name in seen or original.is_initializer(name):
@@ -166,20 +166,22 @@ def last_quantizers(original: Any) -> tuple[list[Any], list[str]] | None:
             work += [v.name for v in node.inputs[1:] if v is not None]
         else:
             work += [v.name for v in node.inputs if v is not None]
-    return topo_order(list(keep.values())), sorted(feeds)
+    produced = {o.name for n in keep.values() for o in n.outputs}
+    return topo_order(list(keep.values())), sorted(feeds - produced)  # a target itself is computed, not fed
 
 
-def tail_outputs64(reference: Any, samples: Sequence[int]) -> dict[int, dict[str, np.ndarray]] | None:
-    """The original's outputs in float64 on ``samples``, from its last activation quantizers on
-    (:func:`last_quantizers`): their inputs from its float32 run, the rest in float64. Where the quantizers' levels
-    agree with float64 execution (all but float32 near-ties there) this is float64 execution; at such a near-tie it
-    is the float32 levels, as the streamlined model they are compared with agrees with. A small model instead of a
-    float64 run of the whole network (ResNet-18: its classifier instead of 21 layers). None if there is no tail."""
+def float64_from_levels(reference: Any, targets: Sequence[str], samples: Sequence[int]
+                        ) -> dict[int, dict[str, np.ndarray]] | None:
+    """The original's tensors ``targets`` in float64 on ``samples``, from the last activation quantizers before them
+    on (:func:`last_quantizers`): their inputs from its float32 run, the rest in float64. Where those quantizers'
+    levels agree with float64 execution (all but float32 near-ties there) this is float64 execution; at such a
+    near-tie it follows the float32 levels. A small model instead of a float64 run of the whole network (ResNet-18's
+    outputs: its classifier instead of 21 layers). None if a target has no quantizer before it."""
     from custom_ops.executor import Executor
     from verify.region import subgraph_model
 
     original = reference.original()
-    found = last_quantizers(original)
+    found = last_quantizers(original, targets)
     if found is None or not samples:
         return None
     nodes, feeds = found
@@ -188,6 +190,11 @@ def tail_outputs64(reference: Any, samples: Sequence[int]) -> dict[int, dict[str
               if v is not None and original.is_initializer(v.name)}
     first = {f: np.asarray(runs[samples[0]][f], np.float64) for f in feeds}
     ex = Executor(subgraph_model(nodes, first, consts, original.graph.opset_imports), dtype=np.float64)
-    outs = original.output_names
-    return {i: {o: v for o, v in ex.run({f: np.asarray(runs[i][f], np.float64) for f in feeds}).items() if o in outs}
-            for i in samples}
+    return {i: {t: v for t, v in ex.run({f: np.asarray(runs[i][f], np.float64) for f in feeds}).items()
+                if t in targets} for i in samples}
+
+
+def tail_outputs64(reference: Any, samples: Sequence[int]) -> dict[int, dict[str, np.ndarray]] | None:
+    """The original's outputs in float64 on ``samples`` from its tail alone (:func:`float64_from_levels`); at a
+    float32 near-tie of its last quantizers this gives the levels the streamlined model is compared with."""
+    return float64_from_levels(reference, reference.original().output_names, samples)

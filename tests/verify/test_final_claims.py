@@ -164,3 +164,28 @@ def test_eight_samples_and_a_stated_guess_of_the_input_range() -> None:
     assert default_samples(model) == 8
     _, described = make_reference(model, Config())
     assert "8 random samples" in described and "--input-range" in described and "is a guess" in described
+
+
+def test_float64_from_levels_when_a_target_also_feeds_a_later_quantizer() -> None:
+    """x -> Quant q0 -> Mul = z1 -> Quant q1 -> Add = z2: z1 is both a target and the data input of q1, so it is
+    computed in the small model, not fed to it (ProxylessNAS: a BatchNorm output proved and then quantized)."""
+    from verify.tail import float64_from_levels, last_quantizers
+
+    g = GraphBuilder()
+    g.input("x", [1, 6])
+    g.quant("x", "q0", "quant0", 0.1, 4, True)
+    g.init("c", np.array([[0.3, -0.7, 1.1, 0.9, -0.2, 0.5]], np.float32))
+    g.node("Mul", ["q0", "c"], ["z1"], "mul")
+    g.quant("z1", "q1", "quant1", 0.05, 4, True)
+    g.init("d", np.float32(0.013))
+    g.node("Add", ["q1", "d"], ["z2"], "add")
+    g.output("z2", [1, 6])
+    model = g.model()
+    nodes, feeds = last_quantizers(model, ["z1", "z2"])
+    assert feeds == ["x"] and {n.name for n in nodes} == {"quant0", "mul", "quant1", "add"}
+    ref = ReferenceData.random(model, n=2, seed=3)
+    got = float64_from_levels(ref, ["z1", "z2"], [0, 1])
+    for i in (0, 1):
+        full = ref.values(i, np.float64)
+        for name in ("z1", "z2"):
+            np.testing.assert_array_equal(got[i][name], full[name])
