@@ -461,9 +461,12 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
             return float(np.max(np.abs(y - expected) / step, initial=0.0))
 
         limit = 0.5 if tail is not None else float_rtol
+        agree32: set[int] = set()
         for i in range(n):
             ok32 = deviation(slices[i], ref32, i) < limit
             check.agree32 += int(ok32)
+            if ok32:
+                agree32.add(i)
             if lazy64 is not None:
                 if ok32:
                     continue
@@ -509,15 +512,21 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
             agreeing = [i for i in range(n) if i not in wrong and i not in check.float_layer_ties]
             have = [i for i in agreeing if lazy64 is not None and i in lazy64.cache]  # run in float64 already
             chosen = (have or agreeing)[:tail_samples]
-            fresh = [i for i in chosen if lazy64 is not None and i not in lazy64.cache]
+            # where the levels agree with float32 execution, the original's tail alone in float64 from those levels
+            # (not the whole network): a sample where float32 and float64 execution part is run whole
+            fresh = [i for i in chosen if lazy64 is not None and i not in lazy64.cache and i in agree32]
             chosen += [i for i in check.error_samples][:8]
             triples = []
             try:
-                if fresh and not tail64:  # the original's tail alone in float64, not the whole network
-                    tail64.update(tail_outputs64(reference, fresh) or {})
+                if any(i not in tail64 for i in fresh):
+                    tail64.update(tail_outputs64(reference, [i for i in fresh if i not in tail64]) or {})
                 for i in chosen:
-                    y64 = (tail64[i][out] if i in tail64 else lazy64.sample(i)[out] if lazy64 is not None
-                           else _slice(ref64_all[out], i, b0))
+                    if lazy64 is None:
+                        y64 = _slice(ref64_all[out], i, b0)
+                    elif i not in lazy64.cache and i in agree32 and i in tail64:
+                        y64 = tail64[i][out]
+                    else:
+                        y64 = lazy64.sample(i)[out]
                     triples.append((i, slices[i][tail[0]], y64))
             except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
                 result.float64_error = f"{type(exc).__name__}: {exc}"

@@ -137,17 +137,30 @@ def check_tail(output: str, q_name: str, runner: Any, tail_nodes: list[Any], sam
 
 #: ops that make levels of their data input: the original's tail starts at the last of them on each path
 _LEVEL_OPS = ("Quant", "IntQuant", "BipolarQuant", "Trunc", "MultiThreshold")
+_NEAREST = ("ROUND", "HALF_EVEN", "HALF_UP", "HALF_DOWN")
 
 
-def last_quantizers(original: Any, targets: Sequence[str] | None = None) -> tuple[list[Any], list[str]] | None:
+def _requantizes(node: Any) -> bool:
+    """Whether ``node`` run in float64 on its own float32 output gives the same level: a BipolarQuant (``±s``), or
+    a Quant rounding to nearest (``out32/s + z`` is within ``2^-24·|q − z|`` of the integer ``q``: no half near)."""
+    if node.op_type == "BipolarQuant":
+        return True
+    attr = node.attributes.get("rounding_mode")
+    mode = attr.value if attr is not None else "ROUND"
+    mode = (mode.decode() if isinstance(mode, bytes) else str(mode)).upper()
+    return node.op_type in ("Quant", "IntQuant") and mode in _NEAREST
+
+
+def last_quantizers(original: Any, targets: Sequence[str] | None = None) -> tuple[list[Any], list[Any]] | None:
     """The nodes of ``original`` from its last activation quantizers before ``targets`` (default: its outputs) to
-    them (those quantizers included, with the constant-only nodes they read, such as weight quantizers), and the
-    quantizers' data inputs; None if a target depends on a graph input through no quantizer."""
+    them (those quantizers included, with the constant-only nodes they read, such as weight quantizers), and those
+    quantizers; a level op :func:`_requantizes` does not hold for (a MultiThreshold, a Trunc, a Quant rounding
+    down) is run through, not started at. None if a target depends on a graph input through no such quantizer."""
     from verify.region import constant_tensors, topo_order
 
     const = constant_tensors(original)
     keep: dict[int, Any] = {}
-    feeds: set[str] = set()
+    cuts: dict[int, Any] = {}
     work, seen = list(original.output_names if targets is None else targets), set()
     while work:
         name = work.pop()
@@ -161,37 +174,49 @@ def last_quantizers(original: Any, targets: Sequence[str] | None = None) -> tupl
             continue
         keep[id(node)] = node
         data = node.inputs[0] if node.inputs else None
-        if node.op_type in _LEVEL_OPS and data is not None and data.name not in const:
-            feeds.add(data.name)  # levels of an activation: the tail starts here
+        if node.op_type in _LEVEL_OPS and data is not None and data.name not in const and _requantizes(node):
+            cuts[id(node)] = node  # levels of an activation: the tail starts here (others are run through)
             work += [v.name for v in node.inputs[1:] if v is not None]
         else:
             work += [v.name for v in node.inputs if v is not None]
-    produced = {o.name for n in keep.values() for o in n.outputs}
-    return topo_order(list(keep.values())), sorted(feeds - produced)  # a target itself is computed, not fed
+    return topo_order(list(keep.values())), list(cuts.values())
 
 
 def float64_from_levels(reference: Any, targets: Sequence[str], samples: Sequence[int]
                         ) -> dict[int, dict[str, np.ndarray]] | None:
-    """The original's tensors ``targets`` in float64 on ``samples``, from the last activation quantizers before them
-    on (:func:`last_quantizers`): their inputs from its float32 run, the rest in float64. Where those quantizers'
-    levels agree with float64 execution (all but float32 near-ties there) this is float64 execution; at such a
-    near-tie it follows the float32 levels. A small model instead of a float64 run of the whole network (ResNet-18's
-    outputs: its classifier instead of 21 layers). None if a target has no quantizer before it."""
+    """The original's tensors ``targets`` in float64 on ``samples``, from the levels of the last activation
+    quantizers before them (:func:`last_quantizers`): each such quantizer runs in float64 on its own output of the
+    original's float32 run, which gives its level again exactly (:func:`_requantizes`), and everything after it
+    runs in float64. Where those quantizers' levels agree with float64 execution (all but float32 near-ties there)
+    this is float64 execution; at such a near-tie it follows the float32 levels. A small model instead of a float64
+    run of the whole network (ResNet-18's outputs: its classifier instead of 21 layers). None if there is no such
+    start before a target."""
+    import onnx_ir as ir
+
     from custom_ops.executor import Executor
-    from verify.region import subgraph_model
+    from verify.region import _model_of
 
     original = reference.original()
     found = last_quantizers(original, targets)
     if found is None or not samples:
         return None
-    nodes, feeds = found
-    runs = dict(reference.tensors(feeds, samples, np.float32))
+    nodes, cuts = found
+    levels = {q.outputs[0].name: f"{q.outputs[0].name}__float32_levels" for q in cuts}
+    runs = dict(reference.tensors(list(levels), samples, np.float32))
+    protos = []
+    for n in nodes:
+        proto = ir.serde.serialize_node(n)
+        if any(n is q for q in cuts):
+            proto.input[0] = levels[n.outputs[0].name]  # its own float32 output: the same level
+        protos.append(proto)
     consts = {v.name: original.get_initializer(v.name) for n in nodes for v in n.inputs
               if v is not None and original.is_initializer(v.name)}
-    first = {f: np.asarray(runs[samples[0]][f], np.float64) for f in feeds}
-    ex = Executor(subgraph_model(nodes, first, consts, original.graph.opset_imports), dtype=np.float64)
-    return {i: {t: v for t, v in ex.run({f: np.asarray(runs[i][f], np.float64) for f in feeds}).items()
-                if t in targets} for i in samples}
+
+    def feeds(i: int) -> dict[str, np.ndarray]:
+        return {fed: np.asarray(runs[i][out], np.float64) for out, fed in levels.items()}
+
+    ex = Executor(_model_of(protos, feeds(samples[0]), consts, original.graph.opset_imports), dtype=np.float64)
+    return {i: {t: v for t, v in ex.run(feeds(i)).items() if t in targets} for i in samples}
 
 
 def tail_outputs64(reference: Any, samples: Sequence[int]) -> dict[int, dict[str, np.ndarray]] | None:

@@ -91,14 +91,23 @@ def test_tail_constants_are_compared_as_numbers(scale: float, bias: float, node:
 def test_the_tail_of_the_original_runs_alone_from_its_last_quantizers() -> None:
     from verify.tail import last_quantizers, tail_outputs64
 
-    model = _tail_net()
-    nodes, feeds = last_quantizers(model)
-    assert [n.name for n in nodes] == ["mt0", "mul_out", "add_out"] and feeds == ["x"]
+    g = GraphBuilder()  # a Quant, then the affine tail
+    g.input("x", [1, 8])
+    g.quant("x", "q", "quant", 0.25, 3, False)
+    g.init("s", np.float32(0.3)), g.init("b", np.float32(-0.7))
+    g.node("Mul", ["q", "s"], ["m"], "mul_out")
+    g.node("Add", ["m", "b"], ["out"], "add_out")
+    g.output("out", [1, 8])
+    model = g.model()
+    nodes, cuts = last_quantizers(model)
+    assert [n.name for n in nodes] == ["quant", "mul_out", "add_out"] and [q.name for q in cuts] == ["quant"]
     ref = ReferenceData.random(model, n=3, seed=2)
     got = tail_outputs64(ref, [0, 2])
     want = ref.outputs(np.float64)["out"]
     np.testing.assert_array_equal(got[2]["out"], want[2:3])
     assert sorted(got) == [0, 2]
+    assert last_quantizers(_tail_net()) is None  # a MultiThreshold is run through (its output is no input it
+    # requantizes), and before it is the graph input
     g = GraphBuilder()  # no quantizer between the input and the output: no tail
     g.input("x", [1, 4])
     g.init("W", np.ones((4, 2), np.float32))
@@ -167,8 +176,8 @@ def test_eight_samples_and_a_stated_guess_of_the_input_range() -> None:
 
 
 def test_float64_from_levels_when_a_target_also_feeds_a_later_quantizer() -> None:
-    """x -> Quant q0 -> Mul = z1 -> Quant q1 -> Add = z2: z1 is both a target and the data input of q1, so it is
-    computed in the small model, not fed to it (ProxylessNAS: a BatchNorm output proved and then quantized)."""
+    """x -> Quant q0 -> Mul = z1 -> Quant q1 -> Add = z2: z1 is both a target and the data input of q1 (ProxylessNAS:
+    a BatchNorm output proved and then quantized); q1 reads its own float32 levels, not z1, in the small model."""
     from verify.tail import float64_from_levels, last_quantizers
 
     g = GraphBuilder()
@@ -181,11 +190,27 @@ def test_float64_from_levels_when_a_target_also_feeds_a_later_quantizer() -> Non
     g.node("Add", ["q1", "d"], ["z2"], "add")
     g.output("z2", [1, 6])
     model = g.model()
-    nodes, feeds = last_quantizers(model, ["z1", "z2"])
-    assert feeds == ["x"] and {n.name for n in nodes} == {"quant0", "mul", "quant1", "add"}
+    nodes, cuts = last_quantizers(model, ["z1", "z2"])
+    assert sorted(q.name for q in cuts) == ["quant0", "quant1"]  # quant1 starts z2's tail, fed its own levels
+    assert {n.name for n in nodes} == {"quant0", "mul", "quant1", "add"}
     ref = ReferenceData.random(model, n=2, seed=3)
     got = float64_from_levels(ref, ["z1", "z2"], [0, 1])
     for i in (0, 1):
         full = ref.values(i, np.float64)
         for name in ("z1", "z2"):
             np.testing.assert_array_equal(got[i][name], full[name])
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_the_tail_check_passes_the_unequal_scale_joins(index: int) -> None:
+    """The joins of tests/streamline/test_join.py (a fork into two output quantizers among them) pass the final check
+    as the CLI runs it (float64 on mismatches only): a sample whose levels part between the original's float32 and
+    float64 runs is compared with the whole float64 run, never with the tail from float32 levels."""
+    from finnlite import Model
+    from finnlite.build import streamline
+    from tests.streamline.test_join import JOINS, _join_model
+
+    s1, s2, qa, qb, outs = JOINS[index]
+    report = streamline(Model(_join_model(s1, s2, qa, qb, outs, 16)), verify="final", input_range=(-2.0, 2.0),
+                        extras=False)
+    assert report.error is None, report.error
