@@ -32,13 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from custom_ops.multithreshold import channel_axis_of
+from custom_ops.multithreshold import channel_axis_of, multithreshold
 from finnlite.model import Model
 from finnlite.policies import Equality, Policy, Tolerance
 from finnlite.shapes import const_array
 from verify.compare import is_integer_tensor
-from verify.proofs import (_QUANTIZERS, RESIDUAL32, AffineFit, _quantize, _step, count_at_least, fit_affine,
-                           prove_levels)
+from verify.proofs import _QUANTIZERS, RESIDUAL32, AffineFit, _quantize, _step, fit_affine, prove_levels
 from verify.region import node_label
 
 log = logging.getLogger(__name__)
@@ -89,7 +88,7 @@ def _old_levels(old: Any, before: Model, channels: int, rest: int) -> tuple[Any,
     if thr is None or thr.ndim != 2 or thr.shape[0] not in (1, channels) or scale == 0:
         return None
     t = np.broadcast_to(np.asarray(thr, np.float64), (channels, thr.shape[1]))
-    return (lambda x: scale * count_at_least(x, t) + bias), np.full(channels, abs(scale))
+    return (lambda x: multithreshold(x, t, scale, bias, channel_axis=0)), np.full(channels, abs(scale))
 
 
 def _exact(fit: AffineFit, a3: np.ndarray, z3: np.ndarray, old: Any, lo: float, hi: float) -> np.ndarray:

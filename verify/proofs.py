@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from custom_ops.multithreshold import multithreshold
 from finnlite.model import Model
 from finnlite.shapes import const_array
 from verify.annotations import derived_ranges
@@ -388,15 +389,6 @@ def _prove(mt: _Match, original: Model, thr: np.ndarray, fits: list[tuple[float,
     return prove_levels(thr, fit, lo, hi, levels, step)
 
 
-def count_at_least(x: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """``#{k : x[c, m] ≥ t[c, k]}`` for ``x`` of shape ``[C, M]`` and ``t`` of shape ``[C, N]`` (one threshold at a
-    time: a ``[C, M, N]`` comparison summed over its last axis is several times slower)."""
-    count = np.zeros(x.shape, np.int16 if t.shape[1] < 2**15 else np.int64)  # narrow: half the time
-    for k in range(t.shape[1]):
-        count += x >= t[:, k:k + 1]
-    return count
-
-
 def prove_levels(thr: np.ndarray, fit: AffineFit, lo: float, hi: float,
                  levels: Callable[[np.ndarray], np.ndarray | None], step: np.ndarray, *,
                  exact: np.ndarray | None = None, extrapolate: bool = False,
@@ -434,12 +426,12 @@ def prove_levels(thr: np.ndarray, fit: AffineFit, lo: float, hi: float,
     # ``levels`` is monotone: where it agrees on both sides it takes that value at the point too; else a tie
     q0, qp = out[:, :m], out[:, m:]
     tie = q0 != qp  # type: ignore[operator]
-    count = count_at_least(points, t)  # the thresholds' level index at each point
+    count = multithreshold(points, t, channel_axis=0)  # the thresholds' level index at each point
     # (point, point before it) for every threshold inside the range, and (lo, hi)
     first = np.concatenate([np.arange(n), [2 * n]])
     second = np.concatenate([np.arange(n) + n, [2 * n + 1]])
     inside = np.concatenate([(jump_at > lo) & (jump_at <= hi), np.ones((channels, 1), bool)], axis=1)
-    ours = np.abs(count[:, first] - count[:, second])
+    ours = np.abs(count[:, first] - count[:, second]).astype(np.int64)
     theirs = np.rint(np.abs(q0[:, first] - q0[:, second]) / step[:, None]).astype(np.int64)  # type: ignore[index]
     bad = inside & ok[:, None] & ~tie[:, first] & ~tie[:, second] & (ours != theirs)
     wrong: dict[int, str] = {}
