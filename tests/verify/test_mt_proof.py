@@ -40,27 +40,39 @@ def probe(model, samples: int = 2) -> ReferenceData:
     return ReferenceData(model, {"x": x})
 
 
-def absorb_add(fault: tuple[int, int, float] | None = None) -> type[Rule]:
-    """MultiThreshold(Add(x, b), T) → MultiThreshold(x, T − b); ``fault = (channel, k, delta)`` adds ``delta`` to
-    one new threshold (a wrong rewrite)."""
+def absorb_into_thresholds(op_type: str, thresholds) -> type[Rule]:
+    """MultiThreshold(op(x, ...), T) → MultiThreshold(x, thresholds(model, T, op)): a test rule absorbing the
+    ``op_type`` node before a MultiThreshold into its thresholds."""
 
-    class AbsorbAddForTest(Rule):
+    class AbsorbForTest(Rule):
+        name = f"Absorb{op_type}ForTest"
         op_types = ("MultiThreshold",)
 
         def match(self, model, node):
             prod = node.inputs[0].producer()
-            return node if prod is not None and prod.op_type == "Add" else None
+            return node if prod is not None and prod.op_type == op_type else None
 
         def rewrite(self, model, node):
-            add = node.inputs[0].producer()
-            t = const(model, node.inputs[1]) - const(model, add.inputs[1]).reshape(C, 1)
-            if fault is not None:
-                t[fault[0], fault[1]] += fault[2]
-            node.replace_input_with(0, add.inputs[0])
-            node.replace_input_with(1, model.add_initializer(t.astype(np.float32)))
-            model.remove_node(add)
+            prod = node.inputs[0].producer()
+            t = thresholds(model, const(model, node.inputs[1]), prod)
+            node.replace_input_with(0, prod.inputs[0])
+            node.replace_input_with(1, model.add_initializer(np.asarray(t, np.float32)))
+            model.remove_node(prod)
 
-    return AbsorbAddForTest
+    return AbsorbForTest
+
+
+def absorb_add(fault: tuple[int, int, float] | None = None) -> type[Rule]:
+    """MultiThreshold(Add(x, b), T) → MultiThreshold(x, T − b); ``fault = (channel, k, delta)`` adds ``delta`` to
+    one new threshold (a wrong rewrite)."""
+
+    def thresholds(model, t, add):
+        t = t - const(model, add.inputs[1]).reshape(C, 1)
+        if fault is not None:
+            t[fault[0], fault[1]] += fault[2]
+        return t
+
+    return absorb_into_thresholds("Add", thresholds)
 
 
 def run(model, rule, monkeypatch=None) -> VerificationHook:
@@ -164,19 +176,7 @@ def test_an_absorbed_relu_is_not_proved(caplog) -> None:
     g.multithreshold("r", "out", "mt0", np.tile(np.array([-1, 1, 3], np.float32), (C, 1)), "UINT2")
     g.output("out", [1, C, 8, 8])
 
-    class AbsorbReluForTest(Rule):
-        op_types = ("MultiThreshold",)
-
-        def match(self, model, node):
-            prod = node.inputs[0].producer()
-            return node if prod is not None and prod.op_type == "Relu" else None
-
-        def rewrite(self, model, node):
-            relu = node.inputs[0].producer()
-            t = const(model, node.inputs[1])
-            node.replace_input_with(0, relu.inputs[0])
-            node.replace_input_with(1, model.add_initializer(np.where(t <= 0, -32, t).astype(np.float32)))
-            model.remove_node(relu)
+    AbsorbReluForTest = absorb_into_thresholds("Relu", lambda model, t, relu: np.where(t <= 0, -32, t))
 
     model = g.model()
     x = np.random.default_rng(2).integers(0, 32, size=(2, 1, C, 8, 8)).astype(np.float32)
