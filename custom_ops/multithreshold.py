@@ -30,6 +30,10 @@ from custom_ops.registry import register
 from finnlite.datatypes import BaseDataType, DataType, parse_datatype
 from finnlite.errors import DataTypeError
 
+#: with the channels last, thresholds are repeated over rows up to this many elements a step, and this many in all
+#: (multithreshold)
+_ROW_BLOCK, _TILE = 1 << 14, 1 << 18
+
 #: qonnx's layout guess for an input without a ``data_layout``, by rank
 _LAYOUT_OF_RANK = {2: "NC", 3: "NWC", 4: "NCHW"}
 
@@ -47,7 +51,9 @@ def multithreshold(x: np.ndarray, thresholds: np.ndarray, out_scale: float = 1.0
     ``thresholds`` is ``(C, N)`` or ``(1, N)``. One threshold step at a time: its column, shaped to broadcast
     along the channel axis, is compared with all of ``x`` and the hits are added into a counter of the narrowest
     unsigned type that holds ``N`` (uint8 for up to 255 steps). Only the counter and one boolean array of
-    ``x``'s size are live, and the passes over memory are byte-wide. ``ValueError`` for mismatched shapes."""
+    ``x``'s size are live, and the passes over memory are byte-wide. With the channels last (NHWC), the column is
+    repeated over a block of rows, so that each comparison runs on arrays of one shape rather than broadcasting a
+    short row (the same comparisons, fewer and longer loops). ``ValueError`` for mismatched shapes."""
     x = np.asarray(x)
     thresholds = np.asarray(thresholds)
     if thresholds.ndim != 2:
@@ -58,15 +64,26 @@ def multithreshold(x: np.ndarray, thresholds: np.ndarray, out_scale: float = 1.0
     channels, steps = thresholds.shape
     if channels not in (1, x.shape[axis]):
         raise ValueError(f"thresholds have {channels} rows, the input has {x.shape[axis]} channels")
+    view = x
     # (steps, 1, .., C, .., 1): step k broadcasts one value per channel over x
     shape = (steps,) + (1,) * axis + (channels,) + (1,) * (x.ndim - 1 - axis)
     columns = np.ascontiguousarray(thresholds.T).reshape(shape)
+    if axis == x.ndim - 1 and channels > 1 and x.flags.c_contiguous:
+        rows = x.size // channels
+        repeat = min(_ROW_BLOCK, _TILE // steps) // channels
+        while repeat > 1 and rows % repeat:
+            repeat //= 2
+        if repeat > 1:  # x as (rows / repeat, repeat * C), each column repeated: one row of it per comparison
+            view = x.reshape(rows // repeat, repeat * channels)
+            columns = np.tile(thresholds.T, (1, repeat)).reshape(steps, 1, repeat * channels)
     counter = np.uint8 if steps < 1 << 8 else np.uint16 if steps < 1 << 16 else np.int64
-    counts = np.zeros(x.shape, dtype=counter)
-    hits = np.empty(x.shape, dtype=bool)
+    counts = np.zeros(view.shape, dtype=counter)
+    hits = np.empty(view.shape, dtype=bool)
+    as_int = hits.view(np.uint8) if counter is not np.int64 else hits  # bool as 0/1 bytes: no cast in the sum
     for k in range(steps):
-        np.greater_equal(x, columns[k], out=hits)
-        counts += hits
+        np.greater_equal(view, columns[k], out=hits)
+        counts += as_int
+    counts = counts.reshape(x.shape)
     levels = counts.astype(x.dtype)
     if levels.dtype.kind != "f":  # an integer input: the float result numpy's promotion gives
         return out_scale * levels + out_bias

@@ -64,6 +64,16 @@ def test_function_matches_qonnx_function(h):
     h.same_bits(multithreshold(x, np.zeros((6, 0), F32)), np.zeros_like(x))
 
 
+
+@pytest.mark.parametrize("shape,steps", [((1, 56, 56, 64), 15), ((2, 7, 7, 96), 15), ((1, 9, 9, 48), 255),
+                                         ((3, 1000), 3)])
+def test_channels_last_blocks_of_rows(h, shape, steps):
+    # with the channels last the thresholds are repeated over blocks of rows (as many as divide the row count)
+    rng = np.random.default_rng(9)
+    t = thresholds_for(rng, shape[-1], steps)
+    x = input_hitting(rng, shape, t)
+    h.same_bits(multithreshold(x, t, 0.5, -1.0, channel_axis=-1), q_multithreshold(x, t, 0.5, -1.0, True))
+
 def test_ties_count_and_nan_thresholds():
     t = np.array([[-1.0, 0.0, 0.0, 2.5, np.nan]], F32)
     x = np.array([[-1.0, -1.5, -0.0, 0.0, 2.5, 2.4999998, np.nan, np.inf]], F32)

@@ -64,6 +64,21 @@ def test_a_claim_no_range_derives_is_checked_on_the_values_seen() -> None:
     assert issue.tensor == "y" and issue.node == "shift" and "reference data show" in issue.message
 
 
+
+@pytest.mark.parametrize("where", [0, (1 << 16) - 1, 1 << 16, 200_000])  # blocks of verify.annotations._BLOCK
+def test_one_fraction_in_a_large_tensor_falsifies_an_integer_claim(where: int) -> None:
+    g = GraphBuilder()
+    g.input("x", [1, 200_001])
+    g.init("c", np.float32(0.0))
+    g.node("Add", ["x", "c"], ["y"], "shift", datatype="INT3")
+    g.output("y", [1, 200_001])
+    model = g.model()
+    x = np.random.default_rng(0).integers(-4, 4, (1, 200_001)).astype(np.float32)
+    assert check_annotations(model, ReferenceData(model, {"x": x})) == []
+    x[0, where] = 0.5
+    (issue,) = check_annotations(model, ReferenceData(model, {"x": x}))
+    assert issue.tensor == "y" and "0.5" in issue.message
+
 def _tail_net(scale: float = 0.3, bias: float = -0.7):
     g = GraphBuilder()
     g.input("x", [1, 8])
