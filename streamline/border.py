@@ -30,41 +30,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import is_integer_type
-from finnlite.graphutil import is_standard_domain
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.absorb import _mt_input_node, materialize, mt_channel_axis, real_thresholds_of
 from streamline.exact import channel_vector, exact_value
+from streamline.preprocess import integer_input_scale
 from streamline.real_thresholds import RealThresholds, set_real_thresholds
 from streamline.reorder import _conv_attrs, _linear_input, _padded
 
 if TYPE_CHECKING:
     from finnlite.model import Model
 
-__all__ = ["AbsorbBorderIntoThresholds", "integer_input_scale", "border_plan"]
+__all__ = ["AbsorbBorderIntoThresholds", "border_plan"]
 
 #: integers up to this magnitude are exact in float32 (the executor's MatMul/Add and FINN's Python execution)
 _EXACT_F32 = 2 ** 24
-
-
-def integer_input_scale(model: Any, v: ir.Value) -> tuple[ir.Value, Fraction, list[ir.Node]] | None:
-    """``(x, s, muls)`` if ``v = s·x`` for an integer-annotated tensor ``x`` through single-use scalar Muls by
-    constants (``muls``, nearest first; ``s`` their exact product); None otherwise."""
-    s, muls = Fraction(1), []
-    for _ in range(8):
-        if model.has_tensor_datatype(v.name) and is_integer_type(model.get_tensor_datatype(v.name)):
-            return v, s, muls
-        p = v.producer()
-        if p is None or p.op_type != "Mul" or not is_standard_domain(p.domain) or len(p.inputs) != 2:
-            return None
-        c = const_array(p.inputs[1])
-        if c is None or c.size != 1 or len(v.uses()) != 1 or v.is_graph_output():
-            return None
-        s *= Fraction(exact_value(p, c).ravel()[0])
-        muls.append(p)
-        v = p.inputs[0]
-    return None
 
 
 def _inside_taps(conv: ir.Node, kernel: tuple[int, ...], in_shape: tuple[int, ...]) -> np.ndarray:

@@ -36,7 +36,7 @@ from streamline.reorder import _conv_attrs, _linear_input, _padded
 if TYPE_CHECKING:
     from finnlite.model import Model
 
-__all__ = ["Preprocessing", "parse_number", "insert_preprocessing", "MoveAddPastPaddedConv"]
+__all__ = ["Preprocessing", "parse_number", "insert_preprocessing", "integer_input_scale", "MoveAddPastPaddedConv"]
 
 
 def parse_number(text: Any, what: str = "value") -> float:
@@ -146,19 +146,25 @@ def insert_preprocessing(model: "Model", pre: Preprocessing) -> list[ir.Node]:
     return nodes
 
 
-def _integer_through_scalar_muls(model: "Model", v: ir.Value) -> bool:
-    """True if ``v`` is an integer-annotated tensor, possibly through single-use scalar Muls by constants."""
+def integer_input_scale(model: "Model", v: ir.Value, *, single_use: bool = True
+                        ) -> tuple[ir.Value, Fraction, list[ir.Node]] | None:
+    """``(x, s, muls)`` if ``v = s·x`` for an integer-annotated tensor ``x`` through scalar Muls by constants
+    (``muls``, nearest first; ``s`` their exact product), each read only by the next and no graph output when
+    ``single_use`` (a rule that removes them); None otherwise."""
+    s, muls = Fraction(1), []
     for _ in range(8):
         if model.has_tensor_datatype(v.name) and is_integer_type(model.get_tensor_datatype(v.name)):
-            return True
+            return v, s, muls
         p = v.producer()
         if p is None or p.op_type != "Mul" or not is_standard_domain(p.domain) or len(p.inputs) != 2:
-            return False
+            return None
         c = const_array(p.inputs[1])
-        if c is None or c.size != 1:
-            return False
+        if c is None or c.size != 1 or (single_use and (len(v.uses()) != 1 or v.is_graph_output())):
+            return None
+        s *= Fraction(exact_value(p, c).ravel()[0])
+        muls.append(p)
         v = p.inputs[0]
-    return False
+    return None
 
 
 def _thresholds_ahead(conv: ir.Node) -> bool:
@@ -205,7 +211,7 @@ class MoveAddPastPaddedConv(Rule):
         w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if lin is None or w is None or not _padded(_conv_attrs(node)):
             return None
-        if not _integer_through_scalar_muls(model, lin[0].inputs[1 - lin[1]]):
+        if integer_input_scale(model, lin[0].inputs[1 - lin[1]], single_use=False) is None:
             return None
         if _thresholds_ahead(node):
             return self.miss(node, "waiting for the thresholds after the Conv to take the border exactly "
