@@ -37,6 +37,7 @@ from custom_ops.bipolar_quant import bipolar_quant
 from custom_ops.common import by_rows, MAX_BITWIDTH
 from custom_ops.quant import quant_rows
 from finnlite.datatypes import BaseDataType, DataType, int_type, is_integer_type, tightest_datatype
+from finnlite.graphutil import zero_padded
 from finnlite.model import Model, as_model
 from finnlite.ranges import accumulator_range, weight_sums
 from finnlite.shapes import const_array
@@ -364,8 +365,7 @@ def _accumulator(node: ir.Node, idt: BaseDataType, weight: Any) -> str:
     if sums is None or not sums[2]:
         return "-"
     lo, hi = float(idt.min()), float(idt.max())
-    if node.op_type == "Conv" and (any(attrs.get("pads", [])) or attrs.get("auto_pad", "NOTSET") not in
-                                   ("NOTSET", "VALID")):
+    if node.op_type == "Conv" and zero_padded(node):
         lo, hi = min(lo, 0.0), max(hi, 0.0)  # the padding zeros
     return tightest_datatype(*accumulator_range(lo, hi, sums)).name
 

@@ -20,7 +20,8 @@ from finnlite.tensors import DepthwiseWeight
 if TYPE_CHECKING:
     from finnlite.model import Model
 
-__all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "clip_bounds", "is_standard_domain", "rank_of", "take_over"]
+__all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "clip_bounds", "is_standard_domain", "rank_of", "take_over",
+           "zero_padded"]
 
 _QA_KEY = "quant_parameter_tensor_names"  # where Model keeps annotations (see finnlite.model)
 _DT_KEY = "finn_datatype"
@@ -38,6 +39,15 @@ def rank_of(v: ir.Value | None, *, constants: bool = True) -> int | None:
         return None
     arr = const_array(v)
     return None if arr is None else arr.ndim
+
+
+def zero_padded(node: ir.Node) -> bool:
+    """True if convolution or pooling ``node`` pads its input: a nonzero ``pads`` entry, or an ``auto_pad`` other
+    than NOTSET and VALID."""
+    pads = node.attributes.get("pads")
+    auto_pad = node.attributes.get("auto_pad")
+    return (pads is not None and any(int(p) != 0 for p in pads.value)) or (
+        auto_pad is not None and auto_pad.value not in ("NOTSET", "VALID"))
 
 
 def annotate(v: ir.Value, datatype: BaseDataType | str | None = None, layout: Sequence[str] | None = None) -> None:

@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
+from finnlite.graphutil import zero_padded
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.absorb import _mt_input_node, materialize, mt_channel_axis, real_thresholds_of
 from streamline.exact import channel_vector, exact_value
 from streamline.preprocess import integer_input_scale
 from streamline.real_thresholds import RealThresholds, set_real_thresholds
-from streamline.reorder import _conv_attrs, _linear_input, _padded
+from streamline.reorder import _conv_attrs, _linear_input
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -111,7 +112,7 @@ class AbsorbBorderIntoThresholds(Rule):
 
     def match(self, model: "Model", node: ir.Node) -> Any:
         conv = _mt_input_node(model, node, "Conv")
-        if conv is None or len(conv.inputs) != 2 or not _padded(_conv_attrs(conv)):
+        if conv is None or len(conv.inputs) != 2 or not zero_padded(conv):
             return None
         lin = _linear_input(conv, 0, ("Add",))
         w = const_array(conv.inputs[1])

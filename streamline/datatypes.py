@@ -26,6 +26,7 @@ import numpy as np
 import onnx_ir as ir
 
 from finnlite.datatypes import BaseDataType, DataType, is_integer_type, tightest_datatype
+from finnlite.graphutil import zero_padded
 from finnlite.passes import Transformation, register_pass
 from finnlite.ranges import WeightSums, accumulator_range, weight_sums
 from finnlite.shapes import const_array
@@ -122,7 +123,7 @@ def _node_range(node: ir.Node, ins: list[Range], consts: list[np.ndarray | None]
     if op == "MatMul" and consts[1] is not None and consts[1].ndim == 2:
         return _matmul_range(ins[0], weight_sums(consts[1], "MatMul"), with_zero=False)
     if op == "Conv" and consts[1] is not None:
-        return _matmul_range(ins[0], weight_sums(consts[1], "Conv"), with_zero=_conv_padded(node))
+        return _matmul_range(ins[0], weight_sums(consts[1], "Conv"), with_zero=zero_padded(node))
     if op == "MultiThreshold":
         n = consts[1].shape[-1] if consts[1] is not None else None
         scale, bias = float(attrs.get("out_scale", 1.0)), float(attrs.get("out_bias", 0.0))
@@ -237,7 +238,7 @@ def infer_ranges(model: Any) -> dict[str, Range]:
                 r = _matmul_range(ins[0], sums, with_zero=False)
             elif w is not None and node.op_type == "Conv":
                 sums = cache.get(w, "sums_conv", lambda w=w: weight_sums(w, "Conv"))
-                r = _matmul_range(ins[0], sums, with_zero=_conv_padded(node))
+                r = _matmul_range(ins[0], sums, with_zero=zero_padded(node))
             else:
                 r = _node_range(node, ins, [const_array(v) if v is not None else None for v in node.inputs]) \
                     if ins else Range.unknown()
@@ -245,11 +246,6 @@ def infer_ranges(model: Any) -> dict[str, Range]:
             ranges[out.name] = r
     cache.prune()
     return ranges
-
-
-def _conv_padded(node: ir.Node) -> bool:
-    attrs = {k: a.value for k, a in node.attributes.items()}
-    return any(attrs.get("pads", [])) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID")
 
 
 @register_pass(group="tidy")

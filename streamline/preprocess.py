@@ -27,11 +27,11 @@ import onnx_ir as ir
 
 from finnlite.datatypes import is_integer_type, parse_datatype
 from finnlite.errors import ConfigError, DataTypeError
-from finnlite.graphutil import is_standard_domain, rank_of
+from finnlite.graphutil import is_standard_domain, rank_of, zero_padded
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array
 from streamline.exact import channel_vector, exact_value
-from streamline.reorder import _conv_attrs, _linear_input, _padded
+from streamline.reorder import _linear_input
 
 if TYPE_CHECKING:
     from finnlite.model import Model
@@ -209,7 +209,7 @@ class MoveAddPastPaddedConv(Rule):
     def match(self, model: Any, node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Add",))
         w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
-        if lin is None or w is None or not _padded(_conv_attrs(node)):
+        if lin is None or w is None or not zero_padded(node):
             return None
         if integer_input_scale(model, lin[0].inputs[1 - lin[1]], single_use=False) is None:
             return None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.graphutil import is_standard_domain, rank_of
+from finnlite.graphutil import is_standard_domain, rank_of, zero_padded
 from finnlite.passes import Rule, register_pass
 from finnlite.shapes import const_array, const_shape
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
@@ -125,11 +125,6 @@ def _is_depthwise(node: ir.Node, w: np.ndarray) -> bool:
     return group > 1 and w.shape[1] == 1 and w.shape[0] == group
 
 
-def _padded(attrs: dict[str, Any]) -> bool:
-    return any(int(p) != 0 for p in attrs.get("pads", [])) or attrs.get("auto_pad", "NOTSET") not in (
-        "NOTSET", "VALID")
-
-
 @register_pass(group="reorder")
 class MoveMulPastConv(Rule):
     """Conv(Mul(x, a), W) → Mul(Conv(x, W), a) for a scalar a, or a per-channel a before a depthwise Conv.
@@ -173,7 +168,7 @@ class MoveAddPastConv(Rule):
         w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if lin is None or w is None:
             return None
-        if _padded(_conv_attrs(node)):
+        if zero_padded(node):
             return self.miss(node, "an Add cannot pass a padded Conv (the border would change)")
         rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
@@ -236,7 +231,7 @@ class MoveLinearPastAveragePool(Rule):
         if lin is None:
             return None
         attrs = _conv_attrs(node)
-        if lin[0].op_type == "Add" and _padded(attrs) and int(attrs.get("count_include_pad", 0)):
+        if lin[0].op_type == "Add" and zero_padded(node) and int(attrs.get("count_include_pad", 0)):
             return self.miss(node, "an Add cannot pass an AveragePool that counts padding")
         rank = rank_of(node.inputs[0], constants=False)
         vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
