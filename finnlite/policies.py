@@ -96,6 +96,21 @@ class Tolerance(Policy):
             allowed = allowed + self.steps * np.abs(np.asarray(step, dtype=np.float64))
         return allowed
 
+    def least_bound(self, expected: np.ndarray, step: np.ndarray | float | None) -> float:
+        """A number no element of :meth:`bound` is below (up to float32 rounding of the bound: keep a margin), from
+        reductions only: ``atol + rtol·min|ref| + rtol_max·max|ref| + steps·min|step|``; NaN if ``expected`` is not
+        all finite."""
+        if not expected.size:
+            return math.inf
+        hi, lo = float(expected.max()), float(expected.min())
+        if not (math.isfinite(hi) and math.isfinite(lo)):
+            return math.nan
+        smallest = 0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))
+        least = self.atol + self.rtol * smallest + self.rtol_max * max(abs(lo), abs(hi))
+        if self.steps and step is not None:
+            least += self.steps * float(np.min(np.abs(step)))
+        return least
+
     def describe(self) -> str:
         parts = [f"{k}={getattr(self, k):g}" for k in ("atol", "rtol", "rtol_max", "steps") if getattr(self, k)]
         return f"tolerance({', '.join(parts) or 'exact'})"

@@ -43,6 +43,32 @@ def test_tolerance_and_integer_exactness() -> None:
     assert per_channel.bad.tolist() == [2, 3]
 
 
+def test_tolerance_decides_as_the_element_wise_bound() -> None:
+    """The comparison skips the per-element bounds when the largest error is below all of them: on errors placed
+    just inside and just outside each element's bound (float32 and float64, per-channel steps, signs and zeros), the
+    elements it reports are exactly those above :meth:`Tolerance.bound`."""
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        dtype = np.float32 if trial % 2 else np.float64
+        b = (rng.standard_normal((3, 4, 5)) * 10.0 ** rng.integers(-3, 4)).astype(dtype)
+        b[0, 0, :2] = 0
+        policy = Tolerance(atol=float(rng.choice([0, 1e-6])), rtol=float(rng.choice([0, 1e-5])),
+                           rtol_max=float(rng.choice([0, 1e-4])), steps=float(rng.choice([0, 0.5])))
+        step = rng.uniform(0.01, 0.1, (1, 4, 1)) if policy.steps else None
+        bound = policy.bound(b, None if step is None else np.broadcast_to(step, b.shape))
+        if not bound.max() > 0:
+            continue
+        scale = rng.choice([0.5, 0.999, 1.0, 1.001, 2.0], size=b.shape, p=[0.9, 0.04, 0.02, 0.02, 0.02]) \
+            if trial % 3 else np.full(b.shape, 0.999)
+        a = (b + np.sign(rng.standard_normal(b.shape)) * bound * scale).astype(dtype)
+        err = np.abs(a.astype(dtype) - b)
+        expected = np.flatnonzero(err > policy.bound(b, None if step is None else np.broadcast_to(step, b.shape)))
+        got = compare_tensor("t", a, b, policy, step=step)
+        assert got.bad.tolist() == expected.tolist(), trial
+        assert got.ok == (expected.size == 0)
+        assert got.max_abs == float(err.reshape(-1)[expected].max() if expected.size else err.max())
+
+
 def test_quantization_steps() -> None:
     m = quant_graph(3, False)
     assert float(quant_step(m, "out")) == 0.25 and quant_step(m, "x") is None
