@@ -392,7 +392,7 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     # the outputs (with the integer tensors before their tails)
     executor = executor_with_outputs(m, extra)
     keep = proof_inputs(m, reference) if proofs else set()
-    kept: dict[int, dict[str, np.ndarray]] = {i: {} for i in range(min(n, proof_samples(reference)))} if keep else {}
+    kept: dict[int, dict[str, np.ndarray]] = {i: {} for i in range(min(n, proof_samples(reference, m)))} if keep else {}
     want = set(m.output_names) | set(extra)
     slices: list[dict[str, np.ndarray]] = [{} for _ in range(n)]
 

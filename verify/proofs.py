@@ -158,16 +158,30 @@ def _matches(model: Model, original: Model) -> list[_Match]:
 
 
 #: inputs of this many values or more per sample (an ImageNet image: 150k) are proved on :data:`FEW_SAMPLES`
-#: samples: every channel of a convolution meets 49 positions or more per sample (a 7×7 map), and the original's
-#: float64 tensors cost a full run per sample
+#: samples when every matched layer has :data:`MIN_POSITIONS` positions per channel or more (a convolution's 7×7
+#: map has 49): the original's float64 tensors cost a full run per sample. A dense layer has one position per
+#: channel, and a fit needs three values: it is proved on every sample.
 LARGE_INPUT = 16384
 FEW_SAMPLES = 1
+MIN_POSITIONS = 16
 
 
-def proof_samples(reference: Any) -> int:
-    """On how many samples of ``reference`` to fit the accumulators' maps (see :data:`LARGE_INPUT`)."""
+def proof_samples(reference: Any, model: Model | None = None) -> int:
+    """On how many samples of ``reference`` to fit the accumulators' maps of ``model``'s matched MultiThresholds
+    (see :data:`LARGE_INPUT`; without ``model``, as if every layer had enough positions)."""
     size = sum(int(a.size) for a in reference.sample(0).values())
-    return reference.num_samples if size < LARGE_INPUT else min(FEW_SAMPLES, reference.num_samples)
+    if size < LARGE_INPUT or (model is not None and any(
+            _positions(model, mt) < MIN_POSITIONS for mt in _matches(model, reference.original()))):
+        return reference.num_samples
+    return min(FEW_SAMPLES, reference.num_samples)
+
+
+def _positions(model: Model, mt: _Match) -> int:
+    """Values per channel in one sample of the matched MultiThreshold's input (0 if its shape is not known)."""
+    shape = model.get_tensor_shape(mt.a)
+    if not shape or len(shape) < 2 or any(not isinstance(d, int) or d <= 0 for d in shape):
+        return 0
+    return int(np.prod(shape[1:])) // (shape[-1] if mt.nhwc else shape[1])
 
 
 def proof_inputs(model: Model, reference: Any) -> set[str]:
@@ -242,8 +256,8 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
     The original's map is fitted on its float32 execution (fast) and, where that disagrees, on float64 values: first
     those of the disagreeing layers alone, run in float64 from the original's float32 levels before them
     (:func:`verify.tail.float64_from_levels`), and where that does not settle it, the whole original run in float64;
-    a fault is reported only when float32 and the whole float64 run both disagree. The two executions of the original can part by more than
-    rounding: on mobilenet_v1_4b (channel 711 of ``node__symbolic_53``'s input) they differ by a constant 2
+    a fault is reported only when float32 and the whole float64 run both disagree. The two executions of the
+    original can part by more than rounding: on mobilenet_v1_4b (channel 711 of ``node__symbolic_53``'s input) they differ by a constant 2
     accumulator steps, and the streamlined thresholds follow the float32 one, as qonnx's execution does."""
     original = reference.original()
     matches = _matches(model, original)

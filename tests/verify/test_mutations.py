@@ -229,8 +229,15 @@ def _check(title: str, original: Model, streamlined: onnx.ModelProto, reference:
 
 
 # -- the code-built variant (always runs) -----------------------------------------------------------------------------
-def test_mutants_of_a_code_built_mlp() -> None:
+@pytest.mark.parametrize("large", [False, True])
+def test_mutants_of_a_code_built_mlp(large: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``large``: the final check as on a large input (ImageNet's, ``verify.proofs.LARGE_INPUT``), which proves a
+    convolution's thresholds on one sample; a dense layer has one value per channel in a sample, and its thresholds
+    are still proved on every sample (on one, a threshold off by one went unseen)."""
     from finnlite.examples import build_tfc
+
+    if large:
+        monkeypatch.setattr("verify.proofs.LARGE_INPUT", 1)
 
     source = build_tfc(wbits=2, abits=2, seed=3)
     original = Model(source)
