@@ -27,6 +27,7 @@ model computes something else in real arithmetic: an error, always (:meth:`Final
 from __future__ import annotations
 
 import logging
+import threading
 from collections import ChainMap
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -356,6 +357,15 @@ class _LazyFloat64:
         return self.cache[i]
 
 
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)`` on a helper thread; what it raises is only logged: the caller asks again on its own thread,
+    where the error is raised and reported."""
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001
+        log.debug("computing ahead failed (asked again later): %s", exc)
+
+
 def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-5, explain: int = 4,
                 float64: str = "all", annotations: bool = True, tail_samples: int = 2,
                 locate: bool = True, proofs: bool = True) -> FinalCheck:
@@ -385,14 +395,20 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     result = FinalCheck(n)
     tails = {o: integer_tail(m, o) for o in m.output_names}
     extra = [t[0] for t in tails.values() if t is not None]
-    # the streamlined model first, its executor dropped before the original's are built: never both in memory
+    keep = proof_inputs(m, reference) if proofs else set()
+    kept: dict[int, dict[str, np.ndarray]] = {i: {} for i in range(min(n, proof_samples(reference, m)))} if keep else {}
+    original32 = None
+    if len(kept) < n:
+        # the original's float32 outputs on a helper thread while this one runs the streamlined model (onnxruntime
+        # and numpy's kernels release the GIL), and before the proofs, whose float64 run would drop the executor;
+        # when the proofs run every sample, their run gives the outputs (ReferenceData.outputs)
+        original32 = threading.Thread(target=_quietly, args=(reference.outputs, np.float32), daemon=True)
+        original32.start()
     if proofs:
         result.weight_issues = compare_weights(m, reference.original())
     # one run of the streamlined model per sample, every tensor: the annotations' values, the proofs' inputs and
     # the outputs (with the integer tensors before their tails)
     executor = executor_with_outputs(m, extra)
-    keep = proof_inputs(m, reference) if proofs else set()
-    kept: dict[int, dict[str, np.ndarray]] = {i: {} for i in range(min(n, proof_samples(reference, m)))} if keep else {}
     want = set(m.output_names) | set(extra)
     slices: list[dict[str, np.ndarray]] = [{} for _ in range(n)]
 
@@ -401,16 +417,14 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
         if i in kept:
             kept[i] = {k: values[k] for k in keep if k in values}
 
-    if keep and len(kept) < n:
-        # the original's float32 outputs now, on the executor the proofs then use (their float64 run would drop
-        # it); when the proofs run every sample, their run gives the outputs (ReferenceData.outputs)
-        reference.outputs(np.float32)
     ranges = derived_ranges(m) if annotations or keep else None
     if annotations:
         result.annotation_issues = check_annotations(m, reference, executor=executor, each=each, derived=ranges)
     else:
         observed_ranges(m, reference, [], executor=executor, each=each)
     del executor
+    if original32 is not None:
+        original32.join()
     outputs64: dict[int, dict[str, np.ndarray]] = {}  # the original's, from the proofs' float64 runs
     if kept:
         try:

@@ -34,6 +34,24 @@ def test_a_different_model_fails_the_final_check() -> None:
         result.raise_for_errors()
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_an_error_computing_the_originals_outputs_ahead_is_raised_by_the_check(monkeypatch) -> None:
+    """The original's outputs are computed on a helper thread while the streamlined model runs: what fails there is
+    raised by the final check itself, and the thread leaves no unhandled exception."""
+    model = matmul_bias_relu()
+    ref = ReferenceData.random(model, n=3)
+    calls = []
+
+    def broken(self, dtype=np.float32):
+        calls.append(dtype)
+        raise RuntimeError("the original cannot run")
+
+    monkeypatch.setattr(ReferenceData, "outputs", broken)
+    with pytest.raises(RuntimeError, match="the original cannot run"):
+        final_check(ref, model)
+    assert len(calls) == 2  # ahead on the helper thread, then again on the caller's
+
+
 def _int_net():
     g = GraphBuilder()
     g.input("x", [1, 2, 2, 2])
