@@ -217,7 +217,7 @@ def check_annotations(model: Any, reference: Any = None, *, samples: int | None 
         dt = _int_datatype(m, name)
         if dt is None or v.const_value is None:
             continue
-        arr = np.asarray(_values_of(v.const_value), dtype=np.float64)
+        arr = np.asarray(_values_of(v.const_value))  # in its own dtype: min, max and rint are exact
         s = _Seen()
         s.add(arr)
         why = _violation(dt, s.lo, s.hi, s.integer, s.zero) if arr.size else None
