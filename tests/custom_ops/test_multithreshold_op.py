@@ -141,3 +141,14 @@ def test_bad_inputs(h):
     nhwc = h.ours(h.node("MultiThreshold", 2, name="mt", out_dtype="UINT2", data_layout="NHWC"))
     h.raises_naming_node(lambda: nhwc.execute([np.zeros((2, 3), F32), np.zeros((1, 3), F32)]), "axis 3",
                          node_name="mt")
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_strict_check_of_infinite_thresholds(h):
+    """Equal infinite thresholds (steps no input reaches) are sorted, and checking them warns of nothing; a row that
+    goes down is named."""
+    op = h.ours(h.node("MultiThreshold", 2, name="mt", out_dtype="UINT2"))
+    x = np.zeros((1, 2), F32)
+    op.validate_strict([x, np.array([[-np.inf, -np.inf, 1], [0, np.inf, np.inf]], F32)])
+    h.raises_naming_node(lambda: op.validate_strict([x, np.array([[0, 1, 2], [np.inf, 0, 1]], F32)]),
+                         "not sorted in row 1", node_name="mt")
