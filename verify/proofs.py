@@ -257,8 +257,9 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
     those of the disagreeing layers alone, run in float64 from the original's float32 levels before them
     (:func:`verify.tail.float64_from_levels`), and where that does not settle it, the whole original run in float64;
     a fault is reported only when float32 and the whole float64 run both disagree. The two executions of the
-    original can part by more than rounding: on mobilenet_v1_4b (channel 711 of ``node__symbolic_53``'s input) they differ by a constant 2
-    accumulator steps, and the streamlined thresholds follow the float32 one, as qonnx's execution does."""
+    original can part by more than rounding: on mobilenet_v1_4b (channel 711 of ``node__symbolic_53``'s input) they
+    differ by a constant 2 accumulator steps, and the streamlined thresholds follow the float32 one, as qonnx's
+    execution does."""
     original = reference.original()
     matches = _matches(model, original)
     if not matches:
