@@ -189,6 +189,13 @@ def proof_inputs(model: Model, reference: Any) -> set[str]:
     return {mt.a for mt in _matches(model, reference.original())}
 
 
+def _original_z3(z: list[np.ndarray], nhwc: bool) -> np.ndarray:
+    """``[samples, C, rest]`` in float64 from the original's per-sample tensors ``z`` (NCHW), in the order of a
+    streamlined tensor that is NHWC when ``nhwc``."""
+    stacked = np.stack(z).astype(np.float64, copy=False)
+    return _channels_first(np.moveaxis(stacked, 2, 4) if nhwc and stacked.ndim == 5 else stacked, nhwc)
+
+
 def _channels_first(arr: np.ndarray, nhwc: bool) -> np.ndarray:
     """``[samples, C, rest]`` from ``[samples, N, ...]`` (channel axis 1 of each sample, or last if NHWC)."""
     chan = arr.ndim - 1 if nhwc else 2
@@ -237,14 +244,6 @@ def fit_affine(a3: np.ndarray, z3: np.ndarray) -> AffineFit:
     return AffineFit(slope, mean_z - slope * mean_a, resid, ok, mean_a, big / (a3.shape[0] * a3.shape[2]))
 
 
-def _fits(a3: np.ndarray, z3: np.ndarray) -> list[tuple[float, float, float] | None]:
-    """Per channel of ``[samples, C, rest]`` arrays: ``(A, B, worst residual in steps of A)`` of the least-squares
-    ``z ≈ A·a + B``; None for a channel where ``a`` takes one value only."""
-    f = fit_affine(a3, z3)
-    return [(float(f.slope[c]), float(f.bias[c]), float(f.resid[c])) if f.ok[c] else None
-            for c in range(a3.shape[1])]
-
-
 def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray | dict],
                      sample_ids: Sequence[int], *, ranges: dict[str, tuple[float, float, bool, bool]] | None = None,
                      outputs64: dict[int, dict[str, np.ndarray]] | None = None) -> list[ProofIssue]:
@@ -291,8 +290,7 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
             nhwc = True  # the streamlined tensor is NHWC (annotated, or seen by its shape)
 
         def original_z(dtype: str, mt: _Match = mt, nhwc: bool = nhwc) -> np.ndarray:
-            z = np.stack([v[mt.z] for v in original_values(dtype)]).astype(np.float64, copy=False)
-            return _channels_first(np.moveaxis(z, 2, 4) if nhwc and z.ndim == 5 else z, nhwc)
+            return _original_z3([v[mt.z] for v in original_values(dtype)], nhwc)
 
         if a.shape != (moved if nhwc and len(z_shape) == 5 else z_shape) or a.ndim < 3:
             continue
@@ -313,8 +311,8 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
             lohi = (float(dt.min()), float(dt.max()), True, True)
         lo, hi = float(np.ceil(lohi[0])), float(np.floor(lohi[1]))
         # float32 first (onnxruntime: fast); float64 only where float32 disagrees (after the loop)
-        fit32 = _fits(a3, original_z("float32"))
-        bad = [c for c, f in enumerate(fit32) if f is not None and f[2] > RESIDUAL32]
+        fit32 = fit_affine(a3, original_z("float32"))
+        bad = [int(c) for c in np.flatnonzero(fit32.ok & (fit32.resid > RESIDUAL32))]
         wrong32 = _prove(mt, original, thr, fit32, lo, hi, a.ndim - 2) if lo <= hi else {}
         if bad or wrong32:
             pending.append(_Pending(mt, nhwc, a3, thr, fit32, bad, wrong32, lo, hi, a.ndim - 2))
@@ -343,7 +341,7 @@ class _Pending:
     nhwc: bool
     a3: np.ndarray
     thr: np.ndarray
-    fit32: list[tuple[float, float, float] | None]
+    fit32: AffineFit
     bad: list[int]
     wrong32: dict[int, str]
     lo: float
@@ -353,17 +351,16 @@ class _Pending:
 
 def _verdict(p: _Pending, model: Model, original: Model, z64: list[np.ndarray]) -> ProofIssue | None:
     """The issue of ``p`` on the original's float64 accumulator ``z64`` (one array per sample), or None."""
-    z = np.stack(z64).astype(np.float64, copy=False)
-    fit64 = _fits(p.a3, _channels_first(np.moveaxis(z, 2, 4) if p.nhwc and z.ndim == 5 else z, p.nhwc))
+    fit64 = fit_affine(p.a3, _original_z3(z64, p.nhwc))
     label, qlabel = node_label(p.mt.mt), node_label(p.mt.q)
-    bad = [c for c in p.bad if fit64[c] is not None and fit64[c][2] > RESIDUAL]
+    bad = [c for c in p.bad if fit64.ok[c] and fit64.resid[c] > RESIDUAL]
     if bad:
         c = bad[0]
         producer = model.find_producer(p.mt.a)
         return ProofIssue(node_label(producer) if producer is not None else label, p.mt.a, qlabel,
                           f"channel {c} of the accumulator is not an affine function of the original's "
-                          f"'{p.mt.z}' (residual {fit64[c][2]:.3g} accumulator steps on the reference data, "
-                          f"{p.fit32[c][2]:.3g} against its float32 execution): its weights differ from the original's")
+                          f"'{p.mt.z}' (residual {fit64.resid[c]:.3g} accumulator steps on the reference data, "
+                          f"{p.fit32.resid[c]:.3g} against its float32 execution): its weights differ from the original's")
     if not p.wrong32:
         return None
     wrong64 = _prove(p.mt, original, p.thr, fit64, p.lo, p.hi, p.rest)
@@ -385,11 +382,11 @@ def _step(q: Any, channels: int, rest: int) -> np.ndarray | None:
 
 
 
-def _prove(mt: _Match, original: Model, thr: np.ndarray, fits: list[tuple[float, float, float] | None],
-           lo: float, hi: float, rest: int) -> dict[int, str]:
+def _prove(mt: _Match, original: Model, thr: np.ndarray, fit: AffineFit, lo: float, hi: float,
+           rest: int) -> dict[int, str]:
     """Step 2 of the module docstring for one matched pair (see :func:`prove_levels`), with the original quantizer
     (in float64; a Relu in front of it applied first) as the reference level function."""
-    channels = len(fits)
+    channels = len(fit.ok)
     step = _step(mt.q, channels, rest)
     if step is None:
         return {}
@@ -399,8 +396,6 @@ def _prove(mt: _Match, original: Model, thr: np.ndarray, fits: list[tuple[float,
         out = _quantize(mt.q, original, (np.maximum(x, 0.0) if mt.relu else x).T.reshape(shape))
         return None if out is None else out.reshape(x.shape[1], channels).T
 
-    fit = AffineFit(*(np.array([f[i] if f else d for f in fits]) for i, d in ((0, 1.0), (1, 0.0), (2, 0.0))),
-                    np.array([f is not None for f in fits]), np.zeros(channels), np.ones(channels))
     return prove_levels(thr, fit, lo, hi, levels, step)
 
 
