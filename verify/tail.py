@@ -30,6 +30,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+import onnx_ir as ir
+
+from custom_ops.executor import Executor
+from verify.region import _model_of, constant_tensors, node_label, topo_order
 
 __all__ = ["TailIssue", "check_tail", "TAIL_RTOL", "last_quantizers", "float64_from_levels", "tail_outputs64"]
 
@@ -82,8 +86,6 @@ def check_tail(output: str, q_name: str, runner: Any, tail_nodes: list[Any], sam
                np.ndarray]], rtol: float = TAIL_RTOL) -> TailIssue | None:
     """Compare the streamlined tail with the original's float64 outputs on ``samples``: ``(index, q, y64)`` with
     ``q`` the streamlined integer tensor and ``y64`` the original's output (module docstring). None if they agree."""
-    from verify.region import node_label
-
     if not samples:
         return None
     a, b = tail_affine(runner, q_name, output, samples[0][1].shape)  # in the output's shape
@@ -156,8 +158,6 @@ def last_quantizers(original: Any, targets: Sequence[str] | None = None) -> tupl
     them (those quantizers included, with the constant-only nodes they read, such as weight quantizers), and those
     quantizers; a level op :func:`_requantizes` does not hold for (a MultiThreshold, a Trunc, a Quant rounding
     down) is run through, not started at. None if a target depends on a graph input through no such quantizer."""
-    from verify.region import constant_tensors, topo_order
-
     const = constant_tensors(original)
     keep: dict[int, Any] = {}
     cuts: dict[int, Any] = {}
@@ -191,11 +191,6 @@ def float64_from_levels(reference: Any, targets: Sequence[str], samples: Sequenc
     this is float64 execution; at such a near-tie it follows the float32 levels. A small model instead of a float64
     run of the whole network (ResNet-18's outputs: its classifier instead of 21 layers). None if there is no such
     start before a target."""
-    import onnx_ir as ir
-
-    from custom_ops.executor import Executor
-    from verify.region import _model_of
-
     original = reference.original()
     found = last_quantizers(original, targets)
     if found is None or not samples:
