@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from finnlite.compat import make_model
+from finnlite.core.compat import make_model
 
 
 def chain(n: int, width: int = 16) -> onnx.ModelProto:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 import custom_ops.plan as plan_module  # noqa: E402
 from custom_ops.executor import Executor  # noqa: E402
-from finnlite.compat import fix_ir_version  # noqa: E402
+from finnlite.core.compat import fix_ir_version  # noqa: E402
 from tests.qonnx_ref import qonnx_execute  # noqa: E402
 from tests.zoo import (ZOO_MODELS, float_exposed, manifest, random_input, zoo_available, zoo_dir,  # noqa: E402
                        zoo_model_path)

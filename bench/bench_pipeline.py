@@ -43,7 +43,7 @@ def _import_everything() -> int:
     import onnxruntime  # noqa: F401 - imported by the executor on first use
 
     import custom_ops.executor  # noqa: F401
-    import finnlite.cleanup  # noqa: F401
+    import finnlite.core.cleanup  # noqa: F401
     from custom_ops.executor import Executor
     from finnlite import Model
     from finnlite.examples import build_mlp
@@ -76,7 +76,7 @@ def one_model(name: str) -> dict:
     the whole process, ``rss_base`` the peak after importing everything (before loading the model) and
     ``rss_incr`` the difference: what loading, converting, streamlining, verifying and saving the model cost."""
     from finnlite import Model
-    from finnlite.passes import PassManager
+    from finnlite.core.passes import PassManager
     from streamline.pipeline import default_stages
     from verify import ReferenceData, final_check
 
@@ -204,7 +204,7 @@ def measure_overhead(model: Any, reference: Any) -> tuple[float, float, int]:
     """The default pipeline on two copies of ``model``: its seconds plain and with a verification hook (the checks
     in this process), and the number of checks."""
     from finnlite import Model
-    from finnlite.passes import PassManager
+    from finnlite.core.passes import PassManager
     from streamline.pipeline import default_stages
     from verify import VerificationHook
 
@@ -256,7 +256,7 @@ def _resnet_style(blocks: int) -> "object":
     """A ResNet-style QONNX graph of ``blocks`` residual blocks (about 12 nodes each), built in code."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from finnlite.compat import QONNX_DOMAIN, make_model
+    from finnlite.core.compat import QONNX_DOMAIN, make_model
 
     rng = np.random.default_rng(0)
     nodes, inits = [], []

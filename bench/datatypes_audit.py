@@ -2,7 +2,7 @@
 
 Streamlines every zoo model (``$FINNLITE_ZOO``) and committed corpus model (``tests/corpus/models``) with the
 default pipeline (no verification) and compares each integer annotation FINN reads with the tightest datatype
-(fewest bits; :func:`finnlite.datatypes.tightest_datatype`) that holds what can be derived:
+(fewest bits; :func:`finnlite.core.datatypes.tightest_datatype`) that holds what can be derived:
 
 * **weight**: an integer-annotated initializer, against its values;
 * **thresholds**: a MultiThreshold's integer-annotated thresholds, against their values and the range of the
@@ -28,8 +28,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from finnlite.datatypes import BaseDataType, is_integer_type, parse_datatype, tightest_datatype
-from finnlite.model import Model
+from finnlite.core.datatypes import BaseDataType, is_integer_type, parse_datatype, tightest_datatype
+from finnlite.core.model import Model
 from streamline.datatypes import infer_ranges
 from streamline.pipeline import streamline_model
 from verify.annotations import derived_ranges

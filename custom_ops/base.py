@@ -12,8 +12,8 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 import onnx
 
-from finnlite.datatypes import BaseDataType
-from finnlite.errors import OpError
+from finnlite.core.datatypes import BaseDataType
+from finnlite.core.errors import OpError
 
 # attribute kinds, as in qonnx's get_nodeattr_types: "i" int, "f" float, "s" string, "ints", "floats", "strings",
 # "t" tensor (numpy array)
@@ -65,7 +65,7 @@ class CustomOp:
     def validate_strict(self, inputs: Sequence[np.ndarray | None]) -> None:
         """The checks of :meth:`validate_inputs` plus those for a node of a model given as input: what the kernel
         computes all the same but a well-formed QONNX/FINN model never holds (a zero-point outside the integer
-        range, unsorted thresholds). Run by the pre-flight validation (:mod:`finnlite.validate`), not by the
+        range, unsorted thresholds). Run by the pre-flight validation (:mod:`finnlite.core.validate`), not by the
         executor."""
         self.validate_inputs(inputs)
 

@@ -19,7 +19,7 @@ import numpy as np
 from custom_ops.base import CustomOp
 from custom_ops.common import Shape, check_broadcast, check_scale, float_output, shape_of
 from custom_ops.registry import register
-from finnlite.datatypes import BaseDataType, DataType
+from finnlite.core.datatypes import BaseDataType, DataType
 
 
 def bipolar_quant(x: np.ndarray, scale: np.ndarray | float) -> np.ndarray:

@@ -80,9 +80,9 @@ from custom_ops.intconv import fuse_im2col_matmul
 from custom_ops.lowering import Lowering, LoweringContext, NotLowerable, lower_node
 from custom_ops.plan import (FEED_ELEMENTS, Kernel, KernelStep, NodeSessionStep, Plan, RegionStep, Step,
                              as_model_proto, node_inputs, node_label, value_info_dims)
-from finnlite.compat import fix_ir_version
-from finnlite.errors import FinnliteError, GraphError, OpError
-from finnlite.tensors import DepthwiseWeight
+from finnlite.core.compat import fix_ir_version
+from finnlite.core.errors import FinnliteError, GraphError, OpError
+from finnlite.core.tensors import DepthwiseWeight
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class Executor:
     regions (exact; False runs their kernels). ``batch_mode``: ``"per_item"`` or ``"vectorized"`` (see the module
     docstring). ``threads``: onnxruntime intra-op threads (its default when None; other counts may change Gemm
     rounding). ``constants``: further initializers by name, as arrays (large weights need not be serialized into
-    ``model``; a graph input of that name becomes a constant), or as :class:`~finnlite.tensors.DepthwiseWeight`
+    ``model``; a graph input of that name becomes a constant), or as :class:`~finnlite.core.tensors.DepthwiseWeight`
     tensors, kept compact: a fused depthwise ``Im2Col → MatMul`` runs on the kernel, and the dense matrix is made
     (once) only for a node that reads it otherwise; such a constant is left out of ``return_all`` results unless it
     was made dense. Raises :class:`GraphError` for a malformed graph and :class:`OpError` for an unknown custom

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from custom_ops.base import attrs_of
-from finnlite.errors import OpError
+from finnlite.core.errors import OpError
 
 
 def _spatial_params(attrs: dict[str, Any], spatial: Sequence[int], kernel: Sequence[int], name: str
@@ -69,7 +69,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if not _MATMUL:
         from onnx import TensorProto, helper
 
-        from finnlite.compat import ort_session
+        from finnlite.core.compat import ort_session
 
         args = [helper.make_tensor_value_info(name, TensorProto.DOUBLE, [f"{name}0", f"{name}1"]) for name in "ab"]
         graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "matmul64", args,

@@ -25,7 +25,7 @@ import numpy as np
 from custom_ops.base import CustomOp
 from custom_ops.common import Shape, flag_attr, int_attr, ints_attr, known_int, parse_shape_string, sliding_windows
 from custom_ops.registry import register
-from finnlite.datatypes import BaseDataType, DataType
+from finnlite.core.datatypes import BaseDataType, DataType
 
 
 def conv_output_dim(size: int, kernel: int, stride: int, total_pad: int = 0, dilation: int = 1) -> int:

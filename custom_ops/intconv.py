@@ -33,8 +33,8 @@ import numpy as np
 import onnx
 
 from custom_ops.lowering import Lowering, LoweringContext, _Emitter
-from finnlite.blockwise import all_integral
-from finnlite.tensors import DepthwiseWeight, is_frozen
+from finnlite.core.blockwise import all_integral
+from finnlite.core.tensors import DepthwiseWeight, is_frozen
 
 #: integers of magnitude below this are exact in float32, and so is every sum of them that stays below it
 EXACT_LIMIT = float(2 ** 24)
@@ -45,7 +45,7 @@ _SAME_RANGE = {"Identity", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsque
 
 
 class _FrozenMemo:
-    """Facts computed from a constant that cannot change (:func:`finnlite.model.is_frozen`: every initializer the
+    """Facts computed from a constant that cannot change (:func:`finnlite.core.model.is_frozen`: every initializer the
     model sets), kept while its memory lives. The verifier builds an executor for every check and the final check
     one more, each over the same lowered weights: the integer test (a few passes over each weight) then runs once
     per weight instead of once per executor. Other arrays are not remembered."""
@@ -84,7 +84,7 @@ def _integer_const(value: np.ndarray) -> Range | None:
 
 def _integer_range(value: np.ndarray) -> Range | None:
     """The (min, max) of a float constant whose elements are all integers below EXACT_LIMIT in magnitude, else
-    None; the integer test runs block by block (finnlite.blockwise: no temporary as large as the weight)."""
+    None; the integer test runs block by block (finnlite.core.blockwise: no temporary as large as the weight)."""
     if value.dtype.kind != "f" or value.size == 0:
         return None
     lo, hi = float(value.min()), float(value.max())
@@ -99,7 +99,7 @@ def _bound(r: Range) -> float:
 
 class _Weights:
     """Per-constant facts, computed once: integer range, and the largest column sum of magnitudes. ``sparse``:
-    depthwise weight matrices held as their kernels (:class:`~finnlite.tensors.DepthwiseWeight`), whose facts come
+    depthwise weight matrices held as their kernels (:class:`~finnlite.core.tensors.DepthwiseWeight`), whose facts come
     from the kernel (the dense matrix holds the kernel's values and zeros; column ``c`` holds ``kernel[c]``)."""
 
     def __init__(self, constants: Mapping[str, np.ndarray],
@@ -196,7 +196,7 @@ def integer_ranges(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], cons
 def conv_weights(w: np.ndarray | DepthwiseWeight, kernel: Sequence[int], channels: int) -> tuple[np.ndarray, int]:
     """The ``Conv`` weights ``(Cout, Cin/group, kh, kw)`` and group count for an Im2Col weight matrix
     ``(kh·kw·Cin, Cout)`` whose rows are in (kh, kw, Cin) order: depthwise (group = C) when the matrix is
-    block-diagonal with Cin = Cout (a :class:`~finnlite.tensors.DepthwiseWeight`: its kernel, no copy), dense
+    block-diagonal with Cin = Cout (a :class:`~finnlite.core.tensors.DepthwiseWeight`: its kernel, no copy), dense
     otherwise."""
     kh, kw = kernel
     if isinstance(w, DepthwiseWeight):  # row (a·kw + b)·C + c of column c is kernel position a·kw + b

@@ -28,7 +28,7 @@ widths, thresholds, Trunc's scales) are constants, every constant float paramete
 would otherwise promote and the kernel compute in another type), thresholds match the channel count statically,
 and the opset is at least 11. Otherwise :class:`NotLowerable` says why and the executor runs the kernel. Constant
 parameters are validated with the op's own ``validate_inputs`` (so a bad scale raises the kernel's
-:class:`~finnlite.errors.OpError`, at plan time). ``tests/custom_ops/test_executor_lowering.py`` proves every
+:class:`~finnlite.core.errors.OpError`, at plan time). ``tests/custom_ops/test_executor_lowering.py`` proves every
 lowering equal to its kernel, bit for bit.
 """
 
@@ -342,7 +342,7 @@ LOWERINGS: dict[str, Callable[[onnx.NodeProto, Any, LoweringContext], Lowering]]
 
 def lower_node(node: onnx.NodeProto, op: CustomOp, ctx: LoweringContext) -> Lowering:
     """The exact standard-op lowering of custom ``node`` (whose op instance is ``op``); :class:`NotLowerable`
-    when there is none in this context, :class:`~finnlite.errors.OpError` for constant parameters the op
+    when there is none in this context, :class:`~finnlite.core.errors.OpError` for constant parameters the op
     rejects."""
     fn = LOWERINGS.get(node.op_type)
     if fn is None:

@@ -26,7 +26,7 @@ import numpy as np
 from custom_ops.base import CustomOp
 from custom_ops.common import Shape, flag_attr, ints_attr, known_int, sliding_windows
 from custom_ops.registry import register
-from finnlite.datatypes import BaseDataType, DataType
+from finnlite.core.datatypes import BaseDataType, DataType
 
 
 def pool_output_dim(size: int, kernel: int, stride: int, pad_begin: int = 0, pad_end: int = 0,

@@ -27,8 +27,8 @@ import numpy as np
 from custom_ops.base import CustomOp
 from custom_ops.common import Shape, float_attr, known_int, shape_of
 from custom_ops.registry import register
-from finnlite.datatypes import BaseDataType, DataType, parse_datatype
-from finnlite.errors import DataTypeError
+from finnlite.core.datatypes import BaseDataType, DataType, parse_datatype
+from finnlite.core.errors import DataTypeError
 
 #: with the channels last, thresholds are repeated over rows up to this many elements a step, and this many in all
 #: (multithreshold)

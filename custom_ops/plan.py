@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from finnlite.compat import IR_VERSION, fix_ir_version
-from finnlite.errors import FinnliteError, ModelLoadError, OpError
+from finnlite.core.compat import IR_VERSION, fix_ir_version
+from finnlite.core.errors import FinnliteError, ModelLoadError, OpError
 
 
 def as_model_proto(model: Any) -> onnx.ModelProto:

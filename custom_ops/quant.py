@@ -33,7 +33,7 @@ from custom_ops.base import CustomOp
 from custom_ops.common import (MAX_BITWIDTH, Shape, by_rows, check_broadcast, check_finite, check_scale, flag_attr,
                                float_output, scalar_bitwidth, shape_of)
 from custom_ops.registry import register, register_alias
-from finnlite.datatypes import BaseDataType, DataType, int_type
+from finnlite.core.datatypes import BaseDataType, DataType, int_type
 
 RoundingFunction = Callable[[np.ndarray], np.ndarray]
 

@@ -23,7 +23,7 @@ import numpy as np
 from custom_ops.base import CustomOp
 from custom_ops.common import Shape, flag_attr, int_attr, known_int, sliding_windows
 from custom_ops.registry import register
-from finnlite.datatypes import BaseDataType, DataType
+from finnlite.core.datatypes import BaseDataType, DataType
 
 _SPATIAL_AXES = {"NCHW": (2, 3), "NHWC": (1, 2)}
 

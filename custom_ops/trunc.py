@@ -43,8 +43,8 @@ from custom_ops.common import (Shape, check_broadcast, check_finite, check_scale
                                scalar_bitwidth, shape_of)
 from custom_ops.quant import canonical_rounding_mode, clip_to_range, max_int, min_int, rounding_function
 from custom_ops.registry import register
-from finnlite.datatypes import BaseDataType, DataType
-from finnlite.errors import OpError
+from finnlite.core.datatypes import BaseDataType, DataType
+from finnlite.core.errors import OpError
 
 #: the number of inputs of each Trunc version
 TRUNC_INPUTS = {1: 5, 2: 6}

@@ -22,8 +22,8 @@ import numpy as np
 from custom_ops.base import CustomOp
 from custom_ops.common import Shape, known_int, shape_of
 from custom_ops.registry import register
-from finnlite.blockwise import all_in
-from finnlite.datatypes import BaseDataType, DataType
+from finnlite.core.blockwise import all_in
+from finnlite.core.datatypes import BaseDataType, DataType
 
 
 #: above this K, integer partial sums (up to 2K) may round in float32: qonnx's operation order then

@@ -30,13 +30,13 @@ import numpy as np
 from custom_ops.quant import max_int, min_int
 from finnlite.config import DEFAULT_VERIFY_MODE, VERIFY_MODES, Config, load_config
 from finnlite.cost import datatype_histogram, inference_cost
-from finnlite.datatypes import is_integer_type
-from finnlite.errors import ConfigError, VerificationError
-from finnlite.model import Model
-from finnlite.passes import PassManager
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.errors import ConfigError, VerificationError
+from finnlite.core.model import Model
+from finnlite.core.passes import PassManager
 from finnlite.report import CheckRow, GraphPicture, StreamlineReport, VerificationResult, pass_timings
-from finnlite.shapes import const_array
-from finnlite.validate import validate_model
+from finnlite.core.shapes import const_array
+from finnlite.core.validate import validate_model
 from streamline.preprocess import insert_preprocessing
 from verify import PassVerificationError, ReferenceData, VerificationHook, final_check, float_report
 from verify.boundary import boundary_check, boundary_reference
@@ -329,7 +329,7 @@ def _run_step(model: Any, cfg: Any, config: Config | str | Path | Mapping[str, A
 
 def step_streamline(model: Any, cfg: Any) -> Any:
     """FINN build step: streamline a QONNX ``ModelWrapper`` and return the FINN-ONNX ``ModelWrapper`` (module
-    docstring). Raises :class:`~finnlite.errors.VerificationError` when verification fails."""
+    docstring). Raises :class:`~finnlite.core.errors.VerificationError` when verification fails."""
     return _run_step(model, cfg, None)
 
 

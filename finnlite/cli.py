@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from finnlite.errors import ConfigError, FinnliteError
-from finnlite.io import check_output_path
-from finnlite.model import Model
-from finnlite.passes import list_aliases, list_passes
-from finnlite.validate import validate_model
+from finnlite.core.errors import ConfigError, FinnliteError
+from finnlite.core.io import check_output_path
+from finnlite.core.model import Model
+from finnlite.core.passes import list_aliases, list_passes
+from finnlite.core.validate import validate_model
 
 log = logging.getLogger("finnlite")
 #: exit code for an unexpected exception (a bug), distinct from 2 (bad input or usage) and 1 (failed verification)

@@ -1,6 +1,6 @@
 """The configuration file of ``finnlite streamline`` and of the build step (YAML, loaded with ``yaml.safe_load``).
 
-Every key is optional; an unknown key, a wrong type or a bad value is a :class:`~finnlite.errors.ConfigError` whose
+Every key is optional; an unknown key, a wrong type or a bad value is a :class:`~finnlite.core.errors.ConfigError` whose
 one-line message names the file and the key. Relative paths are relative to the file's folder, and that folder is
 put on ``sys.path`` so that a rules module beside the config can be imported::
 
@@ -29,8 +29,8 @@ put on ``sys.path`` so that a rules module beside the config can be imported::
       std: 0.226                        # one value or one per channel
       input: x                          # optional: which graph input (default: the only one)
 
-A pass given as ``module:attribute`` may be a finnlite :class:`~finnlite.passes.Pass` class or instance, a qonnx
-``Transformation`` (class or instance) or a function ``f(model) -> bool`` (see :func:`finnlite.passes.run_pass`).
+A pass given as ``module:attribute`` may be a finnlite :class:`~finnlite.core.passes.Pass` class or instance, a qonnx
+``Transformation`` (class or instance) or a function ``f(model) -> bool`` (see :func:`finnlite.core.passes.run_pass`).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from finnlite.errors import ConfigError, PassError
-from finnlite.passes import Pass, Transformation, get_pass, run_pass
-from finnlite.policies import DEFAULT_POLICY, Tolerance
+from finnlite.core.errors import ConfigError, PassError
+from finnlite.core.passes import Pass, Transformation, get_pass, run_pass
+from finnlite.core.policies import DEFAULT_POLICY, Tolerance
 from streamline.pipeline import default_stages, select_stages, stage_names
 from streamline.preprocess import Preprocessing, parse_number
 
@@ -182,7 +182,7 @@ def load_config(path: str | Path) -> Config:
 
 class ExternalPass(Transformation):
     """A qonnx ``Transformation`` or a function ``f(model) -> bool`` run as a finnlite pass (with
-    :func:`finnlite.passes.run_pass`) under the name of the object it wraps."""
+    :func:`finnlite.core.passes.run_pass`) under the name of the object it wraps."""
 
     group = "user"
 

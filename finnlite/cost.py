@@ -21,7 +21,7 @@ data-movement ops pass their input's datatype on; an accumulator of integer oper
 
 Each layer also carries the widths FINN builds it with (``finnlite info``'s layer table,
 :meth:`InferenceCost.layer_table`): its weight and input datatypes, the accumulator FINN's MinimizeAccumulatorWidth
-sizes from the weights' values and the input datatype (:mod:`finnlite.ranges`), and the output (the fused
+sizes from the weights' values and the input datatype (:mod:`finnlite.core.ranges`), and the output (the fused
 MultiThreshold's, else the accumulator).
 """
 
@@ -36,12 +36,12 @@ import onnx_ir as ir
 from custom_ops.bipolar_quant import bipolar_quant
 from custom_ops.common import by_rows, MAX_BITWIDTH
 from custom_ops.quant import quant_rows
-from finnlite.datatypes import BaseDataType, DataType, int_type, is_integer_type, tightest_datatype
-from finnlite.graphutil import zero_padded
-from finnlite.model import Model, as_model
-from finnlite.ranges import accumulator_range, weight_sums
-from finnlite.shapes import const_array
-from finnlite.tensors import DepthwiseWeight
+from finnlite.core.datatypes import BaseDataType, DataType, int_type, is_integer_type, tightest_datatype
+from finnlite.core.graphutil import zero_padded
+from finnlite.core.model import Model, as_model
+from finnlite.core.ranges import accumulator_range, weight_sums
+from finnlite.core.shapes import const_array
+from finnlite.core.tensors import DepthwiseWeight
 
 __all__ = ["InferenceCost", "LayerCost", "inference_cost", "datatype_histogram", "format_count"]
 
@@ -73,7 +73,7 @@ class LayerCost:
     weight_elems: float
     output_elems: float
     #: the accumulator's datatype, as FINN's MinimizeAccumulatorWidth sizes it: the range of the products of the
-    #: weights' values with inputs anywhere in the input datatype's range (:mod:`finnlite.ranges`; for an
+    #: weights' values with inputs anywhere in the input datatype's range (:mod:`finnlite.core.ranges`; for an
     #: XnorPopcountMatMul, as FINN's binaryXnorMode: the bipolar weights 2W - 1 on the input's {0, 1}); "-" unless
     #: the weights are integers and the input datatype is integer
     acc_dt: str = "-"

@@ -21,7 +21,7 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import NameFixPass
 
-from finnlite.compat import OPSET, QONNX_DOMAIN, fix_ir_version
+from finnlite.core.compat import OPSET, QONNX_DOMAIN, fix_ir_version
 
 
 def build_mlp(n_layers: int = 3, width: int = 64, in_features: int = 784, n_classes: int = 10, wbits: int = 2,
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from pathlib import Path
 
-    from finnlite.io import save_proto
+    from finnlite.core.io import save_proto
 
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     save_proto(build_tfc(args.wbits, args.abits, args.seed), args.output)

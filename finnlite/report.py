@@ -24,7 +24,7 @@ from typing import Any
 
 import networkx as nx
 
-from finnlite.model import Model
+from finnlite.core.model import Model
 
 __all__ = ["GraphPicture", "PassTiming", "CheckRow", "VerificationResult", "StreamlineReport", "pass_timings",
            "json_default"]
@@ -309,7 +309,7 @@ class PassTiming:
 
 
 def pass_timings(records: list[Any]) -> list[PassTiming]:
-    """Aggregate :class:`finnlite.passes.PassRecord` objects per (stage, pass), in first-run order."""
+    """Aggregate :class:`finnlite.core.passes.PassRecord` objects per (stage, pass), in first-run order."""
     rows: dict[tuple[str, str], PassTiming] = {}
     for r in records:
         row = rows.get((r.stage, r.name))

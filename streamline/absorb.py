@@ -16,16 +16,16 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.multithreshold import channel_axis_of
-from finnlite.datatypes import is_integer_type
-from finnlite.graphutil import is_standard_domain
-from finnlite.passes import Miss, Rule, Transformation, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.graphutil import is_standard_domain
+from finnlite.core.passes import Miss, Rule, Transformation, register_pass
+from finnlite.core.shapes import const_array
 from streamline.convert_common import layout_for
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
 from streamline.real_thresholds import RealThresholds, get_real_thresholds, relu_composed, set_real_thresholds
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 
 def mt_channel_axis(node: ir.Node) -> int:

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.graphutil import clip_bounds
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.graphutil import clip_bounds
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.absorb import _mt_input_node, _set, absorb_channel_vector, real_thresholds_of, set_channel_axis
 from streamline.real_thresholds import RealThresholds
 

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.graphutil import zero_padded
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.graphutil import zero_padded
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.absorb import _mt_input_node, materialize, mt_channel_axis, real_thresholds_of
 from streamline.exact import channel_vector, exact_value
 from streamline.preprocess import integer_input_scale
@@ -40,7 +40,7 @@ from streamline.real_thresholds import RealThresholds, set_real_thresholds
 from streamline.reorder import _conv_attrs, _linear_input
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 __all__ = ["AbsorbBorderIntoThresholds", "border_plan"]
 

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.graphutil import is_standard_domain, rank_of
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.graphutil import is_standard_domain, rank_of
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.exact import const_operand, exact_value, new_const_node, set_exact, to_float32
 from streamline.real_thresholds import RealThresholds, fractions_of, set_real_thresholds
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 
 def _single_use(v: ir.Value) -> bool:

@@ -30,14 +30,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from finnlite.passes import Pass, Transformation, register_pass
+from finnlite.core.passes import Pass, Transformation, register_pass
 from streamline.convert_acts import ConvertBipolarQuantActToMultiThreshold, ConvertQuantActToMultiThreshold
 from streamline.convert_common import DEFAULT_MAX_THRESHOLD_BITS
 from streamline.convert_trunc import AvgPoolAndTruncToQuantAvgPool, ConvertTruncToMultiThreshold
 from streamline.convert_weights import FoldQuantWeights, ScalePlacement
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 __all__ = ["CONVERT_PASSES", "convert_passes", "convert", "InferMissingShapes", "FoldQuantWeights",
            "ConvertQuantActToMultiThreshold", "ConvertBipolarQuantActToMultiThreshold",
@@ -72,7 +72,7 @@ def convert_passes(scale_placement: ScalePlacement = "after",
 def convert(model: "Model", **options: Any) -> Any:
     """Run the convert stage on ``model`` in place (options as :func:`convert_passes`), then drop dead nodes and
     unused initializers (no constant folding). Returns the pass manager's report (misses included)."""
-    from finnlite.passes import PassManager, Stage
+    from finnlite.core.passes import PassManager, Stage
 
     report = PassManager([Stage("convert", convert_passes(**options))]).run(model)
     model.cleanup(fold_constants=False)

@@ -13,13 +13,13 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.registry import QONNX_DOMAIN, is_custom_domain, make_op
-from finnlite.datatypes import BaseDataType, DataType
-from finnlite.errors import FinnliteError
-from finnlite.graphutil import add_constant, annotate, take_over
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import BaseDataType, DataType
+from finnlite.core.errors import FinnliteError
+from finnlite.core.graphutil import add_constant, annotate, take_over
+from finnlite.core.shapes import const_array
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 QUANT_OPS = ("Quant", "IntQuant")
 #: the default limit on quantizer bit widths converted to thresholds (2^b - 1 thresholds per channel)

@@ -47,16 +47,16 @@ import onnx_ir as ir
 
 from custom_ops.quant import max_int, min_int, quant
 from custom_ops.registry import QONNX_DOMAIN, is_standard_domain
-from finnlite.datatypes import smallest_int_type
-from finnlite.errors import OpError
-from finnlite.graphutil import add_constant, clip_bounds, take_over
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import smallest_int_type
+from finnlite.core.errors import OpError
+from finnlite.core.graphutil import add_constant, clip_bounds, take_over
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.convert_common import drop_unused, ensure_custom_domain
-from finnlite.policies import equality
+from finnlite.core.policies import equality
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 __all__ = ["QCDQToQuant", "standard_range", "integer_range_of"]
 

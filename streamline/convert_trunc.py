@@ -24,19 +24,19 @@ from custom_ops.quant import max_int, min_int
 from custom_ops.quantavgpool2d import avgpool_shift
 from custom_ops.registry import QONNX_DOMAIN, is_standard_domain, make_op
 from custom_ops.trunc import trunc_v2
-from finnlite.datatypes import BaseDataType, DataType, is_integer_type, smallest_int_type
-from finnlite.errors import FinnliteError
-from finnlite.graphutil import add_constant, annotate, rank_of, take_over
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import BaseDataType, DataType, is_integer_type, smallest_int_type
+from finnlite.core.errors import FinnliteError
+from finnlite.core.graphutil import add_constant, annotate, rank_of, take_over
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.convert_acts import StepQuantizer, emit_multithreshold, solve_thresholds
 from streamline.convert_common import (DEFAULT_MAX_THRESHOLD_BITS, FLOAT32, BitLimit, Unsupported, channels_of,
                                        const_input, drop_unused, ensure_custom_domain, is_custom, positive_scale,
                                        scalar_int)
-from finnlite.policies import equality
+from finnlite.core.policies import equality
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 log = logging.getLogger(__name__)
 

@@ -36,16 +36,16 @@ from custom_ops.bipolar_quant import bipolar_quant
 from custom_ops.common import by_rows
 from custom_ops.quant import max_int, min_int, quant
 from custom_ops.registry import is_standard_domain
-from finnlite.datatypes import BaseDataType, DataType, int_type, smallest_int_type
-from finnlite.graphutil import add_constant, annotate, rank_of, take_over
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import BaseDataType, DataType, int_type, smallest_int_type
+from finnlite.core.graphutil import add_constant, annotate, rank_of, take_over
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.convert_common import (FLOAT32, QUANT_OPS, Unsupported, append_binary, const_input, custom_op,
                                        drop_unused, is_custom, positive_scale, scalar_int)
-from finnlite.policies import DEFAULT_POLICY, Equality
+from finnlite.core.policies import DEFAULT_POLICY, Equality
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 ScalePlacement = Literal["after", "before"]
 #: ops that only reshape a constant on its way to a bias input

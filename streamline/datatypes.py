@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import BaseDataType, DataType, is_integer_type, tightest_datatype
-from finnlite.graphutil import zero_padded
-from finnlite.passes import Transformation, register_pass
-from finnlite.ranges import WeightSums, accumulator_range, weight_sums
-from finnlite.shapes import const_array
-from finnlite.tensors import DepthwiseWeight
+from finnlite.core.datatypes import BaseDataType, DataType, is_integer_type, tightest_datatype
+from finnlite.core.graphutil import zero_padded
+from finnlite.core.passes import Transformation, register_pass
+from finnlite.core.ranges import WeightSums, accumulator_range, weight_sums
+from finnlite.core.shapes import const_array
+from finnlite.core.tensors import DepthwiseWeight
 
 #: ops whose output holds only values of their (first) input
 _MOVE_OPS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "MaxPoolNHWC", "Identity",
@@ -80,7 +80,7 @@ class Range:
 
 def _matmul_range(x: Range, sums: WeightSums | None, with_zero: bool) -> Range:
     """Range of a matrix product of inputs in ``x`` with a constant weight given by its :func:`weight_sums`
-    (:func:`finnlite.ranges.accumulator_range`); zero joins the input range for a padded convolution."""
+    (:func:`finnlite.core.ranges.accumulator_range`); zero joins the input range for a padded convolution."""
     if sums is None:
         return Range.unknown()
     lo_x, hi_x = (min(x.lo, 0.0), max(x.hi, 0.0)) if with_zero else (x.lo, x.hi)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.shapes import const_array
+from finnlite.core.shapes import const_array
 from streamline.real_thresholds import fractions_of
 
 EXACT_KEY = "finnlite.exact"

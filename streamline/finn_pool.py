@@ -15,14 +15,14 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.registry import QONNX_DOMAIN
-from finnlite.datatypes import is_integer_type
-from finnlite.passes import Rule, register_pass
-from finnlite.graphutil import add_constant
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.graphutil import add_constant
 from streamline.lower_common import ensure_custom_domain, new_value, shape_of
 from streamline.reduce import _keepdims, reduce_axes
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 __all__ = ["LowerGlobalSum"]
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import is_integer_type
-from finnlite.passes import Rule, register_pass
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.passes import Rule, register_pass
 from streamline.absorb import materialize, real_thresholds_of
 from streamline.exact import const_operand, exact_value
 from streamline.join_search import JoinMultipliers, find_multipliers

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import is_integer_type
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.absorb import materialize, real_thresholds_of
 from streamline.exact import channel_vector, const_operand, exact_value
 from streamline.join_search import find_multipliers, signed_bits

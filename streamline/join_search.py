@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from finnlite.datatypes import smallest_int_type
+from finnlite.core.datatypes import smallest_int_type
 from streamline.real_thresholds import RealThresholds
 
 _EPS = 2.0 ** -50  # a generous bound on the relative error of a few float64 operations

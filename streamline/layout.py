@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
-from finnlite.graphutil import take_over
-from finnlite.passes import Miss, Rule, Transformation, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.graphutil import take_over
+from finnlite.core.passes import Miss, Rule, Transformation, register_pass
+from finnlite.core.shapes import const_array
 from streamline.lower_common import (TO_NCHW, attr, copy_annotations, identity, is_op, new_value, shape_of, then,
                                      transpose_perm)
 from streamline.layout_walk import LayoutWalk
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 
 def _is_transpose(node: ir.Node | None, perm: tuple[int, ...] | None = None) -> bool:

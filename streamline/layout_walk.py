@@ -15,17 +15,17 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.multithreshold import channel_axis_of
-from finnlite.errors import PassError
-from finnlite.graphutil import add_constant, rank_of
-from finnlite.passes import Miss
-from finnlite.shapes import const_array
+from finnlite.core.errors import PassError
+from finnlite.core.graphutil import add_constant, rank_of
+from finnlite.core.passes import Miss
+from finnlite.core.shapes import const_array
 from streamline.exact import EXACT_KEY, exact_value, set_exact
 from streamline.lower_common import (TO_NHWC, Perm, annotated_or_values, attr, copy_annotations, identity, inverse,
                                      is_op, new_value, permute_layout, set_attr, then, transpose_perm)
 from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 #: standard ops that act elementwise, broadcasting their operands (numpy rules)
 ELEMENTWISE = frozenset({

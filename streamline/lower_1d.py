@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.graphutil import add_constant, is_standard_domain, rank_of
-from finnlite.passes import Miss, Transformation, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.graphutil import add_constant, is_standard_domain, rank_of
+from finnlite.core.passes import Miss, Transformation, register_pass
+from finnlite.core.shapes import const_array
 from streamline.exact import EXACT_KEY, exact_value, set_exact
 from streamline.lower_common import annotated_or_values, attr, set_attr
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 _ELEMENTWISE = ("Mul", "Add", "Sub", "Relu", "Identity")
 _SPATIAL = ("Conv", "MaxPool", "AveragePool")

@@ -1,5 +1,5 @@
 """Small helpers shared by the lowering passes: permutations, layouts, new values and annotations copied (adding a
-constant, annotating a value and a value taking over another are in :mod:`finnlite.graphutil`).
+constant, annotating a value and a value taking over another are in :mod:`finnlite.core.graphutil`).
 
 Nothing here decides a rewrite; :mod:`streamline.lower_conv`, :mod:`streamline.layout`, :mod:`streamline.xnor`,
 :mod:`streamline.round_thresholds` and :mod:`streamline.topk` do.
@@ -14,13 +14,13 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.registry import QONNX_DOMAIN, is_custom_domain
-from finnlite.blockwise import all_blocks, all_integral
-from finnlite.datatypes import BaseDataType, DataType, datatype_of_values, is_integer_type, smallest_int_type
-from finnlite.graphutil import annotate
-from finnlite.shapes import const_array, infer_node_shapes
+from finnlite.core.blockwise import all_blocks, all_integral
+from finnlite.core.datatypes import BaseDataType, DataType, datatype_of_values, is_integer_type, smallest_int_type
+from finnlite.core.graphutil import annotate
+from finnlite.core.shapes import const_array, infer_node_shapes
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 Perm = tuple[int, ...]
 
@@ -28,7 +28,7 @@ Perm = tuple[int, ...]
 TO_NHWC: Perm = (0, 2, 3, 1)
 TO_NCHW: Perm = (0, 3, 1, 2)
 
-_QA_KEY = "quant_parameter_tensor_names"  # where Model keeps annotations (see finnlite.model)
+_QA_KEY = "quant_parameter_tensor_names"  # where Model keeps annotations (see finnlite.core.model)
 _DT_KEY = "finn_datatype"
 _LAYOUT_KEY = "tensor_layout"
 _SPARSITY_KEY = "tensor_sparsity"

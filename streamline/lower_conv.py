@@ -17,16 +17,16 @@ import onnx_ir as ir
 
 from custom_ops.im2col import conv_output_dim
 from custom_ops.registry import QONNX_DOMAIN
-from finnlite.datatypes import is_integer_type
-from finnlite.graphutil import add_constant, is_standard_domain, take_over
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
-from finnlite.tensors import DepthwiseWeight, depthwise_matrix
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.graphutil import add_constant, is_standard_domain, take_over
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
+from finnlite.core.tensors import DepthwiseWeight, depthwise_matrix
 from streamline.lower_common import (TO_NCHW, TO_NHWC, annotated_or_values, attr, ensure_custom_domain,
                                      fitting_datatype, new_value, set_tensor_sparsity, shape_of, union_datatype)
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 NHWC = ["N", "H", "W", "C"]
 NCHW = ["N", "C", "H", "W"]
@@ -102,7 +102,7 @@ class LowerConvsToMatMul(Rule):
     them). Exact on integer values whose partial sums stay below 2^24 (float32 adds them exactly in any order). A 1×1
     convolution with stride 1 and no padding needs no Im2Col. A depthwise convolution gets ``Im2Col(depthwise=1)``,
     the block-sparse weight and its ``tensor_sparsity`` annotation, as FINN's InferVectorVectorActivation requires;
-    the block-sparse weight is a :class:`~finnlite.tensors.DepthwiseWeight` (its kernel in memory, the dense matrix
+    the block-sparse weight is a :class:`~finnlite.core.tensors.DepthwiseWeight` (its kernel in memory, the dense matrix
     wherever it is read).
 
     Annotations: the weight keeps its ``finn_datatype`` (widened if the zeros of a sparse matrix do not fit it,
@@ -172,7 +172,7 @@ class LowerConvsToMatMul(Rule):
                 ir.AttrString("input_shape", f"({n}, {h}, {w}, {c})"), ir.AttrInt64s("pad_amount", m.pads),
                 ir.AttrInt64("pad_value", 0), ir.AttrInt64("depthwise", int(m.depthwise)),
                 ir.AttrInt64s("dilations", m.dilations)], outputs=[mm_in], name=f"{name}_im2col"))
-        if m.depthwise:  # the block-sparse matrix, held as its kernel (finnlite.tensors)
+        if m.depthwise:  # the block-sparse matrix, held as its kernel (finnlite.core.tensors)
             w_mat: Any = DepthwiseWeight(m.weight[:, 0])
             values = w_mat.element_values()
         else:

@@ -13,12 +13,12 @@ import onnx_ir as ir
 
 from custom_ops.maxpoolnhwc import pool_output_dim
 from custom_ops.registry import QONNX_DOMAIN
-from finnlite.graphutil import is_standard_domain, take_over
-from finnlite.passes import Miss, Rule, register_pass
+from finnlite.core.graphutil import is_standard_domain, take_over
+from finnlite.core.passes import Miss, Rule, register_pass
 from streamline.lower_common import TO_NCHW, TO_NHWC, attr, ensure_custom_domain, new_value, shape_of
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 NHWC = ["N", "H", "W", "C"]
 NCHW = ["N", "C", "H", "W"]

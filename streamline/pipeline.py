@@ -25,21 +25,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from finnlite.errors import ConfigError
-from finnlite.model import Model
-from finnlite.passes import PassManager, RunReport, Stage, Transformation, register_pass
-from finnlite.validate import validate_model
+from finnlite.core.errors import ConfigError
+from finnlite.core.model import Model
+from finnlite.core.passes import PassManager, RunReport, Stage, Transformation, register_pass
+from finnlite.core.validate import validate_model
 from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
 from streamline.absorb_monotone import MONOTONE_PASSES
 from streamline.collapse import COLLAPSE_PASSES
+from streamline.convert import CONVERT_PASSES
 from streamline.datatypes import InferDataTypes
+from streamline.finn_pool import LowerGlobalSum
 from streamline.join import IntegerJoinMultipliers
 from streamline.join_conv import IntegerConvInputScales
+from streamline.lower import LOWER_PASSES
 from streamline.pool_sign import AbsorbChannelSignIntoMultiThreshold
 from streamline.reduce import REDUCE_PASSES
 from streamline.preprocess import MoveAddPastPaddedConv
 from streamline.border import AbsorbBorderIntoThresholds
 from streamline.reorder import REORDER_PASSES
+from streamline.round_thresholds import RoundAndClipThresholds
+from streamline.squeeze_pool import SqueezeGlobalPoolOutput
 from streamline.tidy import TIDY_PASSES, MakeNodeNamesUnique
 
 
@@ -64,12 +69,6 @@ def streamline_passes() -> list:
 
 def default_stages() -> list[Stage]:
     """The stages of the default pipeline, in order."""
-    from streamline.convert import CONVERT_PASSES
-    from streamline.lower import LOWER_PASSES
-    from streamline.round_thresholds import RoundAndClipThresholds
-    from streamline.finn_pool import LowerGlobalSum
-    from streamline.squeeze_pool import SqueezeGlobalPoolOutput
-
     return [
         Stage("tidy", TIDY_PASSES),
         Stage("convert", CONVERT_PASSES),
@@ -112,7 +111,7 @@ def select_stages(stages: Sequence[Stage], only: Sequence[str] | None) -> list[S
 def streamline_model(model: Model, stages: Sequence[Stage] | None = None, hooks: Iterable[Any] = (),
                      only: Sequence[str] | None = None, validate: bool = True) -> StreamlineResult:
     """Run the pipeline on ``model`` in place. ``only`` selects stages by name (in pipeline order). With
-    ``validate`` (the default) the model is first checked as an input (:func:`finnlite.validate.validate_model`),
+    ``validate`` (the default) the model is first checked as an input (:func:`finnlite.core.validate.validate_model`),
     so that a malformed graph or a bad quantizer parameter is reported up front, naming the node."""
     stages = select_stages(list(stages) if stages is not None else default_stages(), only)
     if validate:

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import is_integer_type, smallest_int_type
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import is_integer_type, smallest_int_type
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.absorb import materialize, mt_channel_axis, real_thresholds_of, set_channel_axis
 from streamline.datatypes import Range
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32

@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import is_integer_type, parse_datatype
-from finnlite.errors import ConfigError, DataTypeError
-from finnlite.graphutil import is_standard_domain, rank_of, zero_padded
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import is_integer_type, parse_datatype
+from finnlite.core.errors import ConfigError, DataTypeError
+from finnlite.core.graphutil import is_standard_domain, rank_of, zero_padded
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.exact import channel_vector, exact_value
 from streamline.reorder import _linear_input
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 __all__ = ["Preprocessing", "parse_number", "insert_preprocessing", "integer_input_scale", "MoveAddPastPaddedConv"]
 

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import is_integer_type
-from finnlite.graphutil import is_standard_domain
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.graphutil import is_standard_domain
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.exact import const_operand, exact_value, set_exact, to_float32
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 
 def reduce_axes(node: ir.Node) -> list[int] | None:

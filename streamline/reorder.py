@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.graphutil import is_standard_domain, rank_of, zero_padded
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array, const_shape
+from finnlite.core.graphutil import is_standard_domain, rank_of, zero_padded
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array, const_shape
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
 from streamline.real_thresholds import exact_sums, fractions_of
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 
 def _linear_input(node: ir.Node, index: int, ops: tuple[str, ...]) -> Any:

@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import BaseDataType, is_integer_type
-from finnlite.graphutil import add_constant
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import BaseDataType, is_integer_type
+from finnlite.core.graphutil import add_constant
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.lower_common import is_op, union_datatype
 from streamline.real_thresholds import get_real_thresholds
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 
 def integer_thresholds(node: ir.Node, t: np.ndarray, dt: BaseDataType) -> np.ndarray:

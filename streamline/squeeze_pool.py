@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.passes import Transformation, register_pass
-from finnlite.shapes import const_array, const_shape
-from finnlite.policies import tolerance
+from finnlite.core.passes import Transformation, register_pass
+from finnlite.core.shapes import const_array, const_shape
+from finnlite.core.policies import tolerance
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 __all__ = ["SqueezeGlobalPoolOutput", "GLOBAL_POOLS"]
 

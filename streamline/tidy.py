@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.passes import Rule, Transformation, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.passes import Rule, Transformation, register_pass
+from finnlite.core.shapes import const_array
 from streamline.convert_qcdq import QCDQToQuant
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 _QUANT_OPS = ("Quant", "IntQuant", "BipolarQuant")
 

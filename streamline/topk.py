@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import is_integer_type
-from finnlite.passes import Rule, register_pass
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.passes import Rule, register_pass
+from finnlite.core.shapes import const_array
 from streamline.lower_common import is_op
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 #: the largest integer input range whose image is enumerated to prove the chain strictly increasing
 MAX_ENUMERATED = 1 << 22

@@ -25,7 +25,7 @@ import qonnx.util.basic as qonnx_basic
 from qonnx.core.modelwrapper import ModelWrapper
 from qonnx.transformation.infer_shapes import InferShapes
 
-from finnlite.compat import fix_ir_version
+from finnlite.core.compat import fix_ir_version
 
 _ORIGINAL_MAKE_MODEL = qonnx_basic.qonnx_make_model
 

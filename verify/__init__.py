@@ -20,8 +20,8 @@ from verify.compare import TensorDiff, compare_tensor, quant_step
 from verify.final import FinalCheck, OutputCheck, TieSite, final_check, integer_tail
 from verify.float_report import FloatNode, FloatReport, float_report
 from verify.hook import CheckRecord, PassVerificationError, VerificationHook
-from finnlite.policies import (DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, equality, metric, resolve_policy,
-                             tolerance)
+from finnlite.core.policies import (DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, equality, metric,
+                                    resolve_policy, tolerance)
 from verify.reference import ReferenceData, ReferenceDataError
 from verify.run import VerifiedRun, verified_run
 from verify.structure import Issue, StructureReport, check_datatypes, check_structure

@@ -18,7 +18,7 @@ the model computes the right outputs in float. :func:`check_annotations` reports
 
 This derivation is written apart from the pipeline's own range inference (:mod:`streamline.datatypes`), on
 purpose: a checker that shares the code it checks cannot find its mistakes. The one piece both share is the
-accumulator arithmetic (:func:`finnlite.ranges.accumulator_range`, checked against enumeration in its tests).
+accumulator arithmetic (:func:`finnlite.core.ranges.accumulator_range`, checked against enumeration in its tests).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import BaseDataType, is_integer_type, parse_datatype
-from finnlite.errors import DataTypeError
-from finnlite.model import Model
-from finnlite.ranges import accumulator_range, weight_sums
-from finnlite.tensors import DepthwiseWeight
+from finnlite.core.datatypes import BaseDataType, is_integer_type, parse_datatype
+from finnlite.core.errors import DataTypeError
+from finnlite.core.model import Model
+from finnlite.core.ranges import accumulator_range, weight_sums
+from finnlite.core.tensors import DepthwiseWeight
 from verify.region import executor_with_outputs, node_label, topo_order
 
 __all__ = ["AnnotationIssue", "check_annotations", "observed_ranges", "derived_ranges"]

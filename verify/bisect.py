@@ -3,7 +3,7 @@ first rewrite, that breaks equivalence.
 
 The pipeline is replayed on a copy of the model with a :class:`~verify.hook.VerificationHook`, which stops at the
 first pass whose result does not match its input on the reference data. If that pass is a
-:class:`~finnlite.passes.Rule`, it is re-applied to the model as it was before the pass with ``max_rewrites = k``,
+:class:`~finnlite.core.passes.Rule`, it is re-applied to the model as it was before the pass with ``max_rewrites = k``,
 and the least ``k`` whose result fails the same check (found by binary search) is the first bad rewrite; the
 rule's ``on_rewrite`` callback names the nodes it matched. The command line is ``finnlite bisect``.
 """
@@ -18,9 +18,9 @@ from typing import Any, Sequence
 
 import onnx_ir as ir
 
-from finnlite.model import Model, as_model
-from finnlite.passes import Pass, PassManager, PassRecord, Rule, Stage, _instantiate
-from finnlite.policies import DEFAULT_POLICY, Policy, resolve_policy
+from finnlite.core.model import Model, as_model
+from finnlite.core.passes import Pass, PassManager, PassRecord, Rule, Stage, _instantiate
+from finnlite.core.policies import DEFAULT_POLICY, Policy, resolve_policy
 from verify.hook import PassVerificationError, VerificationHook
 from verify.reference import ReferenceData
 from verify.region import node_label

@@ -57,10 +57,10 @@ import onnx_ir as ir
 from custom_ops.executor import Executor
 from custom_ops.quant import max_int, min_int
 from custom_ops.multithreshold import channel_axis_of
-from finnlite.datatypes import is_integer_type
-from finnlite.errors import VerificationError
-from finnlite.model import Model, as_model
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.errors import VerificationError
+from finnlite.core.model import Model, as_model
+from finnlite.core.shapes import const_array
 from verify.final import FLOAT_LAYER_RTOL, FinalCheck, final_check
 from verify.reference import ReferenceData
 from verify.region import ancestors, constant_tensors, node_label, subgraph_model, topo_order

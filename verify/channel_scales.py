@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.shapes import const_array
+from finnlite.core.shapes import const_array
 from verify.region import node_label
 
 __all__ = ["channel_scale_cause"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from finnlite.model import Model
+from finnlite.core.model import Model
 
 __all__ = ["clone_model", "clone_graph"]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from finnlite.datatypes import is_integer_type
-from finnlite.policies import Equality, Policy, Tolerance
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.policies import Equality, Policy, Tolerance
 
 __all__ = ["TensorDiff", "compare_tensor", "quant_step", "is_integer_tensor", "fits_datatype"]
 

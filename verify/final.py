@@ -37,8 +37,8 @@ import onnx
 import onnx_ir as ir
 
 from custom_ops.executor import Executor
-from finnlite.errors import VerificationError
-from finnlite.model import Model, as_model
+from finnlite.core.errors import VerificationError
+from finnlite.core.model import Model, as_model
 from verify.annotations import AnnotationIssue, check_annotations, derived_ranges, observed_ranges
 from verify.compare import is_integer_tensor, quant_step
 from verify.reference import ReferenceData

@@ -12,7 +12,7 @@ when it produces a float tensor, except for
 * nodes that only read constants (the structural check reports those).
 
 For each float node the report gives the rules that tried it and failed, from the pass manager's
-:class:`~finnlite.passes.RunReport` ``misses`` (each a :class:`~finnlite.passes.Miss`: rule, node, failed
+:class:`~finnlite.core.passes.RunReport` ``misses`` (each a :class:`~finnlite.core.passes.Miss`: rule, node, failed
 condition): the *closest* is the last one recorded for the node (the attempt that saw the final graph), unless the
 misses carry a ``progress`` attribute (how many of its conditions the rule got through), which then decides.
 """
@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from finnlite.datatypes import is_integer_type
-from finnlite.model import Model, as_model
-from finnlite.passes import Miss
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.model import Model, as_model
+from finnlite.core.passes import Miss
 from verify.channel_scales import channel_scale_cause
 from verify.final import integer_tail
 from verify.region import constant_tensors, node_label, topo_order
@@ -127,7 +127,7 @@ def _dedupe(misses: Iterable[Miss]) -> list[Miss]:
 
 def float_report(model: Any, misses: Iterable[Miss] | Any = ()) -> FloatReport:
     """The integer-only report of ``model`` (module docstring). ``misses``: the ``misses`` of a
-    :class:`~finnlite.passes.RunReport`, or the RunReport itself."""
+    :class:`~finnlite.core.passes.RunReport`, or the RunReport itself."""
     m: Model = as_model(model)
     misses = list(getattr(misses, "misses", misses))
     const = constant_tensors(m)

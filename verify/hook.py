@@ -1,4 +1,5 @@
-"""Per-pass verification: a :class:`finnlite.passes.PassManager` hook that checks every pass that changed the model.
+"""Per-pass verification: a :class:`~finnlite.core.passes.PassManager` hook that checks every pass that changed
+the model.
 
 A pass that reports no change is not checked (a cheap structural key confirms it changed nothing); after any other
 pass the :class:`~verify.verifier.Verifier` compares the new model version with the cached one, only where it
@@ -9,7 +10,7 @@ are accepted and logged with their margins. A MultiThreshold the pass rewrote is
 input's range where :mod:`verify.mt_proof` can (a threshold off by one that no probe sample reaches fails the check,
 naming the node and the channel). The checks run in this process, each one before the next pass starts.
 
-A stage declared with ``granularity="stage"`` (:class:`finnlite.passes.Stage`) is checked once, at its end, for
+A stage declared with ``granularity="stage"`` (:class:`finnlite.core.passes.Stage`) is checked once, at its end, for
 everything its passes changed; if that check fails, its pass runs are replayed one by one from the last verified
 version, each checked on its own, so that the error names the first failing pass.
 """
@@ -28,10 +29,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.errors import VerificationError
-from finnlite.model import Model, freeze
-from finnlite.policies import DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, resolve_policy
-from finnlite.tensors import content_crc, is_immutable
+from finnlite.core.errors import VerificationError
+from finnlite.core.model import Model, freeze
+from finnlite.core.policies import DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, resolve_policy
+from finnlite.core.tensors import content_crc, is_immutable
 from verify.clone import clone_model
 from verify.final import final_check
 from verify.layout_proof import structural_outcome
@@ -122,7 +123,7 @@ class VerificationHook:
     cached reference values. ``"stage"`` checks what a whole stage changed at once and, on a failure, replays the
     stage's passes one by one from the last verified version to name the first failing pass (cheaper only when the
     passes keep tensor names for unchanged values); ``"off"`` disables it. With ``"pass"``, a stage that declares
-    ``granularity="stage"`` (:class:`finnlite.passes.Stage`) is still checked as a whole; ``"every-pass"`` checks
+    ``granularity="stage"`` (:class:`finnlite.core.passes.Stage`) is still checked as a whole; ``"every-pass"`` checks
     every pass on its own regardless.
 
     ``reference``: a :class:`ReferenceData` built from the original model (default: 8 random samples in [-1, 1]
@@ -230,7 +231,8 @@ class VerificationHook:
 
     def _private_copy(self, model: Model) -> Model:
         """A structural copy of ``model`` that the passes cannot change: it shares the immutable initializers
-        (frozen arrays, tensors read from the file, compact depthwise weights: :func:`finnlite.tensors.is_immutable`);
+        (frozen arrays, tensors read from the file, compact depthwise weights:
+        :func:`finnlite.core.tensors.is_immutable`);
         a writable one (set through onnx_ir, not :meth:`Model.set_initializer`) is copied and frozen, and the copy is
         reused while the array's bytes stay the same (crc32), so that an edit in place shows as a new version."""
         version = clone_model(model)
@@ -285,7 +287,7 @@ class VerificationHook:
         policy = resolve_policy(p, stage, self.policy)
         iteration = getattr(record, "iteration", None)
         # a pure layout pass in a stage checked as a whole stays in it: checking the states before it alone would run
-        # lowered depthwise MatMuls outside their fused Conv, on dense block-diagonal matrices (finnlite.tensors)
+        # lowered depthwise MatMuls outside their fused Conv, on dense block-diagonal matrices (finnlite.core.tensors)
         if self._per_stage(stage) and not isinstance(policy, Metric):
             self._stage_runs.append((p, policy, iteration))
             return

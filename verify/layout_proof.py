@@ -45,9 +45,9 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.multithreshold import channel_axis_of
-from finnlite.model import Model
-from finnlite.shapes import const_array
-from finnlite.tensors import DepthwiseWeight
+from finnlite.core.model import Model
+from finnlite.core.shapes import const_array
+from finnlite.core.tensors import DepthwiseWeight
 from verify.region import node_label, topo_order
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from finnlite.model import Model
+from finnlite.core.model import Model
 from verify.compare import is_integer_tensor
 from verify.region import constant_tensors, executor_with_outputs, node_label, topo_order
 

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from custom_ops.multithreshold import channel_axis_of, multithreshold
-from finnlite.model import Model
-from finnlite.policies import Equality, Policy, Tolerance
-from finnlite.shapes import const_array
+from finnlite.core.model import Model
+from finnlite.core.policies import Equality, Policy, Tolerance
+from finnlite.core.shapes import const_array
 from verify.compare import is_integer_tensor
 from verify.proofs import _QUANTIZERS, RESIDUAL32, AffineFit, _quantize, _step, fit_affine, prove_levels
 from verify.region import node_label

@@ -36,8 +36,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from custom_ops.multithreshold import multithreshold
-from finnlite.model import Model
-from finnlite.shapes import const_array
+from finnlite.core.model import Model
+from finnlite.core.shapes import const_array
 from verify.annotations import derived_ranges
 from verify.compare import is_integer_tensor
 from verify.region import node_label

@@ -23,11 +23,11 @@ import numpy as np
 import onnx
 
 from custom_ops.executor import Executor
-from finnlite.datatypes import BaseDataType, is_integer_type
-from finnlite.errors import ConfigError
-from finnlite.io import to_proto_without
-from finnlite.model import Model, as_model, freeze, is_frozen
-from finnlite.passes import fingerprint
+from finnlite.core.datatypes import BaseDataType, is_integer_type
+from finnlite.core.errors import ConfigError
+from finnlite.core.io import to_proto_without
+from finnlite.core.model import Model, as_model, freeze, is_frozen
+from finnlite.core.passes import fingerprint
 from verify.cache import SampleValues
 from verify.compare import fits_datatype
 from verify.region import handed_over

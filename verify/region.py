@@ -27,10 +27,10 @@ from onnx import helper, numpy_helper
 from custom_ops.executor import Executor
 from custom_ops.plan import FEED_ELEMENTS
 from custom_ops.registry import make_op
-from finnlite.compat import IR_VERSION
-from finnlite.io import to_proto_without
-from finnlite.model import Model
-from finnlite.tensors import DepthwiseWeight, content_crc, is_immutable
+from finnlite.core.compat import IR_VERSION
+from finnlite.core.io import to_proto_without
+from finnlite.core.model import Model
+from finnlite.core.tensors import DepthwiseWeight, content_crc, is_immutable
 from verify.cache import Recompute, SampleValues
 from verify.clone import clone_model
 
@@ -49,9 +49,9 @@ def node_label(node: ir.Node) -> str:
 class Fingerprints:
     """Fingerprints of tensors (initializers, tensor attributes): equal fingerprints mean equal contents.
 
-    A tensor read from a file (``TensorProtoTensor``), wrapping a frozen array (:func:`finnlite.model.freeze`: every
-    initializer :meth:`Model.set_initializer` sets) or a compact depthwise weight cannot change without being
-    replaced (:func:`finnlite.tensors.is_immutable`), so it is fingerprinted
+    A tensor read from a file (``TensorProtoTensor``), wrapping a frozen array
+    (:func:`finnlite.core.model.freeze`: every initializer :meth:`Model.set_initializer` sets) or a compact depthwise weight cannot change without being
+    replaced (:func:`finnlite.core.tensors.is_immutable`), so it is fingerprinted
     by identity, without reading its bytes: the versions of a model share such tensors, and a replaced one gets a
     new fingerprint (even when its contents are the same: its readers are then re-run, which costs time but never
     hides a change). The cache holds the tensors it fingerprinted, so that no identity is reused while a
@@ -375,7 +375,7 @@ _FEED_ELEMENTS = FEED_ELEMENTS
 
 def handed_over(tensor: Any) -> bool:
     """True if an initializer goes to an executor as one of its ``constants`` rather than serialized into the model
-    it runs: a compact depthwise weight (kept compact, see :mod:`finnlite.tensors`) or a large numeric tensor."""
+    it runs: a compact depthwise weight (kept compact, see :mod:`finnlite.core.tensors`) or a large numeric tensor."""
     return isinstance(tensor, DepthwiseWeight) or (tensor.size >= _FEED_ELEMENTS
                                                    and tensor.dtype != ir.DataType.STRING)
 

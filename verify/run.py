@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from finnlite.model import Model
-from finnlite.passes import PassManager, RunReport, Stage
+from finnlite.core.model import Model
+from finnlite.core.passes import PassManager, RunReport, Stage
 from verify.final import FinalCheck, final_check
 from verify.hook import VerificationHook, probe_samples
 from verify.reference import ReferenceData
@@ -31,7 +31,7 @@ def verified_run(model: Model, stages: Sequence[Stage], reference: ReferenceData
                  raise_on_final: bool = True, **hook_options: Any) -> VerifiedRun:
     """Run ``stages`` on ``model`` in place with per-pass verification, then compare the result with the original
     on every reference sample; a failing pass raises :class:`~verify.hook.PassVerificationError`, a failing final
-    check :class:`~finnlite.errors.VerificationError` (unless ``raise_on_final`` is False)."""
+    check :class:`~finnlite.core.errors.VerificationError` (unless ``raise_on_final`` is False)."""
     reference = reference or ReferenceData.random(model, n=8)
     reference.precompute(values=hook_options.get("samples") or probe_samples(reference))
     hook = VerificationHook(reference, **hook_options)

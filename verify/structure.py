@@ -26,9 +26,9 @@ import numpy as np
 import onnx
 
 from custom_ops.executor import Executor
-from finnlite.datatypes import is_integer_type
-from finnlite.errors import GraphError
-from finnlite.model import Model
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.errors import GraphError
+from finnlite.core.model import Model
 from verify.compare import fits_datatype
 from verify.reference import ReferenceData
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from custom_ops.multithreshold import channel_axis_of
-from finnlite.shapes import const_array
+from finnlite.core.shapes import const_array
 
 __all__ = ["NearTie", "Margin", "margin_at", "split_near_ties", "is_bipolar", "QUANTIZER_OPS",
            "DEFAULT_NEAR_TIE_RTOL"]

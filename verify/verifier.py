@@ -7,13 +7,13 @@ How it stays cheap without missing a wrong rewrite:
 * The nodes of a new version whose signature (op, attributes, tensor names, initializer contents) the old version
   lacks form the *region* (:mod:`verify.region`). Only the region is run, on the cached values of the tensors it
   reads, and every tensor it computes that the old version also had must match its cached value under the policy
-  (:mod:`finnlite.policies`); everything outside the region computes what it computed before on the same inputs.
+  (:mod:`finnlite.core.policies`); everything outside the region computes what it computed before on the same inputs.
   When a differing tensor (or one in another layout) reaches unchanged nodes, they are run too, until the values
   re-converge or a graph output differs (:meth:`Verifier.check`).
 * Matching tensors keep their cached values (the cache stays anchored to the original model's values, so
   tolerances never accumulate from pass to pass); tensors new in the region get the values it computed.
-* A :class:`~finnlite.policies.Metric` policy is global: the whole model is run on the metric's data and the cache is
-  rebuilt.
+* A :class:`~finnlite.core.policies.Metric` policy is global: the whole model is run on the metric's data and
+  the cache is rebuilt.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from custom_ops.executor import Executor
-from finnlite.errors import FinnliteError
-from finnlite.model import Model
-from finnlite.policies import Metric, Policy
+from finnlite.core.errors import FinnliteError
+from finnlite.core.model import Model
+from finnlite.core.policies import Metric, Policy
 from verify.cache import SampleValues
 from verify.compare import TensorDiff, compare_tensor, is_integer_tensor, quant_step
 from verify.reference import ReferenceData

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from finnlite.model import Model
-from finnlite.shapes import const_array
-from finnlite.tensors import DepthwiseWeight
+from finnlite.core.model import Model
+from finnlite.core.shapes import const_array
+from finnlite.core.tensors import DepthwiseWeight
 from verify.region import node_label
 
 __all__ = ["WeightIssue", "compare_weights", "RTOL"]

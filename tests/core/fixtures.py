@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from finnlite.compat import make_model
+from finnlite.core.compat import make_model
 
 
 def chain_model(n: int = 4, width: int = 8) -> onnx.ModelProto:

@@ -1,11 +1,11 @@
-"""finnlite.blockwise: whole-array checks block by block give the answers of the whole-array expressions."""
+"""finnlite.core.blockwise: whole-array checks block by block give the answers of the whole-array expressions."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from finnlite.blockwise import BLOCK, all_blocks, all_in, all_integral
+from finnlite.core.blockwise import BLOCK, all_blocks, all_in, all_integral
 
 
 @pytest.mark.parametrize("size", [0, 1, BLOCK - 1, BLOCK, 3 * BLOCK + 5])

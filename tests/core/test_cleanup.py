@@ -1,4 +1,4 @@
-"""Cleanup (:mod:`finnlite.cleanup`): constant subgraphs of any size folded with onnxruntime's kernels, custom ops
+"""Cleanup (:mod:`finnlite.core.cleanup`): constant subgraphs of any size folded with onnxruntime's kernels, custom ops
 never folded. Graphs are authored with onnx_ir's tape."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import onnx_ir as ir
 import pytest
 
 from finnlite import Model
-from finnlite.compat import QONNX_DOMAIN, ort_session
+from finnlite.core.compat import QONNX_DOMAIN, ort_session
 
 FINN_DOMAIN = "finn.custom_op.general"
 

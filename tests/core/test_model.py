@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from finnlite import DataType, GraphError, Model, ModelLoadError
-from finnlite.compat import make_model, ort_session
+from finnlite.core.compat import make_model, ort_session
 from tests.core.fixtures import chain_model, fork_join_model
 from tests.zoo import ZOO_MODELS, zoo_model_path
 
@@ -75,7 +75,7 @@ def test_shapes_and_initializers():
 
 
 def test_set_initializer_freezes_the_array_and_what_it_views():
-    from finnlite.model import is_frozen
+    from finnlite.core.model import is_frozen
 
     m = Model(chain_model(2))
     base = np.arange(16, dtype=np.float32)

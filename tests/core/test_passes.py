@@ -7,7 +7,7 @@ import onnx_ir as ir
 import pytest
 
 from finnlite import FixpointError, Model, PassError, PassManager, Rule, Stage, Transformation, register_pass
-from finnlite.passes import fingerprint, get_pass, list_passes, run_pass
+from finnlite.core.passes import fingerprint, get_pass, list_passes, run_pass
 from tests.core.fixtures import add_chain, chain_model
 
 
@@ -175,7 +175,7 @@ def test_hooks_are_called_in_order_and_a_failed_run_keeps_its_partial_report():
 
 
 def test_an_alias_resolves_and_cannot_shadow_a_pass_name():
-    from finnlite.passes import list_aliases
+    from finnlite.core.passes import list_aliases
 
     @register_pass(group="test")
     class AliasedNoOp(Transformation):

@@ -1,4 +1,4 @@
-"""The accumulator range (finnlite.ranges), against enumeration of every input vector."""
+"""The accumulator range (finnlite.core.ranges), against enumeration of every input vector."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from finnlite.ranges import accumulator_range, weight_sums
-from finnlite.tensors import DepthwiseWeight
+from finnlite.core.ranges import accumulator_range, weight_sums
+from finnlite.core.tensors import DepthwiseWeight
 
 
 def _enumerated(w_cols: np.ndarray, lo: int, hi: int) -> tuple[float, float]:

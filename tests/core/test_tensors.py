@@ -9,9 +9,9 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-import finnlite.tensors as tensors
+import finnlite.core.tensors as tensors
 from finnlite import Model
-from finnlite.tensors import DepthwiseWeight, depthwise_matrix, freeze, is_immutable
+from finnlite.core.tensors import DepthwiseWeight, depthwise_matrix, freeze, is_immutable
 from streamline.lower_conv import conv_weight_matrix
 from tests.core.fixtures import chain_model
 

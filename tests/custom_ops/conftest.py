@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops import make_op
 from custom_ops.base import CustomOp
-from finnlite.compat import make_model
-from finnlite.errors import OpError
+from finnlite.core.compat import make_model
+from finnlite.core.errors import OpError
 
 
 def assert_same_bits(actual: Any, expected: Any) -> None:
@@ -129,7 +129,7 @@ def qonnx_ort(monkeypatch: pytest.MonkeyPatch) -> None:
     import qonnx.core.onnx_exec as onnx_exec
     import qonnx.custom_op.general.quantavgpool2d as quantavgpool2d
 
-    from finnlite.compat import fix_ir_version
+    from finnlite.core.compat import fix_ir_version
 
     for module in (onnx_exec, quantavgpool2d):
         original = module.qonnx_make_model

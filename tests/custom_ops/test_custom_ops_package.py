@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 import custom_ops
 from custom_ops import CUSTOM_DOMAINS, lookup, make_op
 from custom_ops.quant import Quant
-from finnlite.compat import make_model
-from finnlite.errors import OpError
+from finnlite.core.compat import make_model
+from finnlite.core.errors import OpError
 
 OP_TYPES = ["Quant", "IntQuant", "BipolarQuant", "Trunc", "MultiThreshold", "XnorPopcountMatMul", "Im2Col",
             "MaxPoolNHWC", "QuantAvgPool2d"]

@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from custom_ops import make_op, plan
 from custom_ops.executor import Executor, execute
 from custom_ops.float64_ops import average_pool, conv
-from finnlite.compat import make_model
-from finnlite.errors import GraphError, ModelLoadError, OpError
+from finnlite.core.compat import make_model
+from finnlite.core.errors import GraphError, ModelLoadError, OpError
 from tests.qonnx_ref import qonnx_execute, qonnx_model
 
 F32 = np.float32
@@ -156,7 +156,7 @@ def test_graph_in_unsorted_order_and_legacy_domain():
 
 
 def test_model_sources(tmp_path):
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
     model, x = mixed_model(), random_x(4)
     path = tmp_path / "m.onnx"

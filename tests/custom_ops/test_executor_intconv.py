@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from custom_ops.executor import Executor
 from custom_ops.intconv import EXACT_LIMIT, conv_weights, integer_ranges
 from custom_ops.im2col import conv_output_dim
-from finnlite.compat import make_model
-from finnlite.errors import GraphError
+from finnlite.core.compat import make_model
+from finnlite.core.errors import GraphError
 
 DOMAIN = "qonnx.custom_op.general"
 
@@ -186,7 +186,7 @@ def test_facts_of_frozen_weights_are_derived_once_and_forgotten_with_them():
     import gc
 
     from custom_ops import intconv
-    from finnlite.model import freeze
+    from finnlite.core.model import freeze
 
     calls = []
     frozen = freeze(np.arange(12, dtype=np.float32).reshape(3, 4))
@@ -205,7 +205,7 @@ def _compact(model):
     """``model`` without its MatMul weight, and that weight as a DepthwiseWeight (it must be block-diagonal)."""
     from onnx import numpy_helper
 
-    from finnlite.tensors import DepthwiseWeight
+    from finnlite.core.tensors import DepthwiseWeight
 
     proto = type(model)()
     proto.CopyFrom(model)
@@ -234,7 +234,7 @@ def test_a_compact_depthwise_weight_computes_what_the_dense_one_does(case, fused
     """Given as a DepthwiseWeight, a depthwise weight runs fused on its kernel without the dense matrix ever being
     made; where the pair cannot be fused the matrix is made once. Either way every bit is what the dense weight
     gives, in float32, in batches, with return_all and in float64."""
-    import finnlite.tensors as tensors
+    import finnlite.core.tensors as tensors
 
     made = []
     real = tensors._dense_tensor
@@ -257,7 +257,7 @@ def test_a_compact_depthwise_weight_computes_what_the_dense_one_does(case, fused
 
 
 def test_conv_weights_of_a_compact_depthwise_weight_are_its_kernel():
-    from finnlite.tensors import DepthwiseWeight, depthwise_matrix
+    from finnlite.core.tensors import DepthwiseWeight, depthwise_matrix
 
     kernel = np.random.default_rng(0).integers(-3, 4, size=(6, 3, 3)).astype(np.float32)
     t = DepthwiseWeight(kernel)

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from custom_ops import make_op
 from custom_ops.executor import Executor
 from custom_ops.quant import ROUNDING_MODES, max_int, min_int
-from finnlite.compat import make_model
+from finnlite.core.compat import make_model
 
 F32 = np.float32
 MODES = [m for m in ROUNDING_MODES if m != "DOWN"]  # DOWN runs its kernel (see test_rounding_mode_down_...)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from custom_ops.im2col import conv_output_dim, im2col_nhwc
-from finnlite.datatypes import DataType
+from finnlite.core.datatypes import DataType
 
 F32 = np.float32
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from custom_ops.maxpoolnhwc import pool_output_dim
-from finnlite.datatypes import DataType
+from finnlite.core.datatypes import DataType
 
 F32 = np.float32
 

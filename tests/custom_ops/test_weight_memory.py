@@ -11,7 +11,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops.plan import session_options
-from finnlite.compat import IR_VERSION, QONNX_DOMAIN, fix_ir_version, make_model
+from finnlite.core.compat import IR_VERSION, QONNX_DOMAIN, fix_ir_version, make_model
 
 
 def _layers(rng: np.random.Generator, sizes: list[int], quant: bool) -> object:

@@ -7,7 +7,7 @@ import pytest
 from qonnx.custom_op.general.xnorpopcount import xnorpopcountmatmul as q_xnor
 
 from custom_ops.xnorpopcount import xnorpopcount_matmul
-from finnlite.datatypes import DataType
+from finnlite.core.datatypes import DataType
 
 F32 = np.float32
 

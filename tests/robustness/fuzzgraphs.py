@@ -30,7 +30,7 @@ import onnx
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from finnlite.compat import QONNX_DOMAIN, make_model
+from finnlite.core.compat import QONNX_DOMAIN, make_model
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 

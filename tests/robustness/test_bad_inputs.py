@@ -471,7 +471,7 @@ def test_failed_save_keeps_the_old_output(tmp_path: Path, monkeypatch: pytest.Mo
                                           capsys: pytest.CaptureFixture) -> None:
     """Outputs are written atomically: when the final rename fails (a full disk, say), an existing output file is
     left as it was, no temporary file remains, and the CLI reports it in one line with exit code 2."""
-    import finnlite.io
+    import finnlite.core.io
     from finnlite.cli import main
 
     write(tmp_path / IN, good_model())
@@ -481,7 +481,7 @@ def test_failed_save_keeps_the_old_output(tmp_path: Path, monkeypatch: pytest.Mo
         raise OSError(28, "No space left on device")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(finnlite.io.os, "replace", no_space)
+    monkeypatch.setattr(finnlite.core.io.os, "replace", no_space)
     assert main([*STREAMLINE, "--quiet", "--verify", "off"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"'{OUT}'" in err[0] and "No space left on device" in err[0], err

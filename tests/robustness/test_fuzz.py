@@ -3,7 +3,7 @@
 Every drawn graph is streamlined by :func:`streamline.pipeline.streamline_model` and checked by the oracle:
 
 * the structure is valid (:func:`verify.check_structure`: no cycle, no dangling or dead node, nothing unfolded),
-  and the result passes the pre-flight validation of an input model (:func:`finnlite.validate.validate_model`);
+  and the result passes the pre-flight validation of an input model (:func:`finnlite.core.validate.validate_model`);
 * on reference inputs, the streamlined model (run in float32) agrees with the original run in float64
   (:func:`verify.final_check`): integer outputs level for level, float outputs within a relative 1e-5 of their
   magnitude; a disagreement with the original's float32 execution alone is a float32 near-tie and allowed;
@@ -37,9 +37,9 @@ from hypothesis.errors import NoSuchExample
 
 from custom_ops.executor import Executor
 from finnlite import Model
-from finnlite.datatypes import is_integer_type
-from finnlite.io import save_proto
-from finnlite.validate import validate_model
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.io import save_proto
+from finnlite.core.validate import validate_model
 from streamline.pipeline import streamline_model
 from tests.robustness.fuzzgraphs import FuzzGraph, from_saved, fuzz_graphs
 from verify import ReferenceData, check_datatypes, check_structure, final_check

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from finnlite.compat import QONNX_DOMAIN, make_model
+from finnlite.core.compat import QONNX_DOMAIN, make_model
 from tests.robustness.fuzzgraphs import FuzzGraph
 from tests.robustness.test_fuzz import check_streamlined
 

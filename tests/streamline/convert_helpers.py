@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops.executor import Executor
 from finnlite import Model
-from finnlite.compat import QONNX_DOMAIN, make_model
+from finnlite.core.compat import QONNX_DOMAIN, make_model
 from streamline.convert import convert
 from streamline.thresholds import float32_to_key
 

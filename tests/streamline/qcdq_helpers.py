@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops.executor import Executor
 from finnlite import Model
-from finnlite.compat import fix_ir_version, ort_session
+from finnlite.core.compat import fix_ir_version, ort_session
 from streamline.pipeline import streamline_model
 from verify import ReferenceData, VerificationHook, final_check, float_report
 

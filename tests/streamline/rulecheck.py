@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops.executor import Executor
 from finnlite import Model, PassManager, Stage
-from finnlite.compat import make_model
+from finnlite.core.compat import make_model
 
 
 def graph_model(nodes: list[onnx.NodeProto], inputs: dict[str, Sequence[int]], outputs: dict[str, Sequence[int]],

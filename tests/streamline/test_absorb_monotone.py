@@ -7,7 +7,7 @@ import pytest
 from onnx import helper
 
 from finnlite import Model
-from finnlite.compat import QONNX_DOMAIN
+from finnlite.core.compat import QONNX_DOMAIN
 from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
 from streamline.absorb_monotone import AbsorbMonotoneIntoMultiThreshold
 from streamline.collapse import COLLAPSE_PASSES

@@ -8,7 +8,7 @@ from onnx import helper
 
 from custom_ops.executor import Executor
 from finnlite import Model
-from finnlite.compat import QONNX_DOMAIN
+from finnlite.core.compat import QONNX_DOMAIN
 from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
 from streamline.collapse import COLLAPSE_PASSES, CollapseRepeatedTranspose
 from streamline.datatypes import InferDataTypes

@@ -16,7 +16,7 @@ import pytest
 from onnx import helper
 
 from custom_ops.quant import max_int, min_int
-from finnlite.datatypes import DataType
+from finnlite.core.datatypes import DataType
 from streamline.convert import ConvertQuantActToMultiThreshold, convert_passes
 from tests.streamline.convert_helpers import (ROUNDING_MODES, act_quant_model, assert_same, converted, graph_model,
                                               init, op_types, place, quant_node, run, thresholds_of, tie_values)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from finnlite.datatypes import DataType
+from finnlite.core.datatypes import DataType
 from tests.streamline.convert_helpers import (assert_same, converted, graph_model, init, op_types, place, quant_node,
                                               run, tie_values)
 

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from finnlite import Model, PassManager, Stage
-from finnlite.datatypes import DataType
+from finnlite.core.datatypes import DataType
 from streamline.convert import convert
 from streamline.tidy import TIDY_PASSES
 from tests.streamline.convert_helpers import assert_same, converted, graph_model, init, op_types, quant_node, run
@@ -89,7 +89,7 @@ def _gather(pow2: bool, per: str):
     nodes = q + [helper.make_node("Gather", ["Wq", "idx"], ["y"], axis=0, name="gather")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("idx", TensorProto.INT64, [2, 3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])], initializer=inits)
-    from finnlite.compat import make_model
+    from finnlite.core.compat import make_model
 
     return make_model(graph), {"idx": None}
 

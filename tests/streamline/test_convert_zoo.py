@@ -27,7 +27,7 @@ import pytest
 
 from custom_ops.executor import Executor
 from finnlite import Model
-from finnlite.datatypes import DataType
+from finnlite.core.datatypes import DataType
 from streamline.convert import convert
 from streamline.pipeline import streamline_model
 from streamline.thresholds import float32_to_key

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from finnlite import DataType, Model
-from finnlite.compat import QONNX_DOMAIN, make_model
+from finnlite.core.compat import QONNX_DOMAIN, make_model
 from streamline.datatypes import InferDataTypes, Range, infer_ranges
 from verify.annotations import check_annotations
 

@@ -9,7 +9,7 @@ import pkgutil
 import pytest
 
 import streamline
-from finnlite.passes import get_pass, list_aliases, list_passes
+from finnlite.core.passes import get_pass, list_aliases, list_passes
 
 for _module in pkgutil.iter_modules(streamline.__path__):  # register every pass of the package
     importlib.import_module(f"streamline.{_module.name}")

@@ -7,7 +7,7 @@ import pytest
 from onnx import helper
 
 from finnlite import Model
-from finnlite.passes import PassManager, Stage
+from finnlite.core.passes import PassManager, Stage
 from streamline.finn_pool import LowerGlobalSum
 from tests.streamline.rulecheck import compare, graph_model
 

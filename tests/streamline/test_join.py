@@ -17,8 +17,8 @@ from onnx import helper
 
 from custom_ops.executor import Executor
 from finnlite import Model
-from finnlite.compat import QONNX_DOMAIN
-from finnlite.datatypes import smallest_int_type
+from finnlite.core.compat import QONNX_DOMAIN
+from finnlite.core.datatypes import smallest_int_type
 from streamline.join import IntegerJoinMultipliers
 from streamline.join_search import JoinMultipliers, find_multipliers, signed_bits
 from streamline.pipeline import streamline_model

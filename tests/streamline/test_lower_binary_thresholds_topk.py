@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from finnlite.shapes import const_array
+from finnlite.core.shapes import const_array
 from streamline.datatypes import InferDataTypes
 from streamline.layout import ConvertToNHWC
 from streamline.lower_conv import LowerConvsToMatMul

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops.executor import Executor
 from finnlite import Model, PassManager, Stage
-from finnlite.compat import QONNX_DOMAIN, make_model
+from finnlite.core.compat import QONNX_DOMAIN, make_model
 from streamline.lower_common import TO_NCHW, TO_NHWC, identity, inverse, permute_layout, then
 from streamline.lower_conv import conv_weight_matrix
 

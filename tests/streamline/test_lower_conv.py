@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from custom_ops.im2col import conv_output_dim
-from finnlite.shapes import const_array
+from finnlite.core.shapes import const_array
 from streamline.lower import LOWER_PASSES
 from streamline.lower_common import get_tensor_sparsity
 from streamline.lower_conv import LowerConvsToMatMul

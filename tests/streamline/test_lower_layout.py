@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from finnlite.passes import fingerprint
-from finnlite.shapes import const_array
+from finnlite.core.passes import fingerprint
+from finnlite.core.shapes import const_array
 from streamline.layout import AbsorbConsecutiveTransposes, AbsorbTransposeIntoMultiThreshold, ConvertToNHWC
 from streamline.lower_conv import LowerConvsToMatMul
 from streamline.lower_pool import MakeMaxPoolNHWC

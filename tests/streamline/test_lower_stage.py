@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from finnlite.datatypes import is_integer_type
-from finnlite.shapes import const_array
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.shapes import const_array
 from streamline.lower import LOWER_PASSES
 from streamline.lower_common import get_tensor_sparsity
 from tests.qonnx_ref import qonnx_execute

@@ -7,7 +7,7 @@ import pytest
 from onnx import helper
 
 from finnlite import Model, PassManager, Stage
-from finnlite.compat import QONNX_DOMAIN
+from finnlite.core.compat import QONNX_DOMAIN
 from streamline.datatypes import InferDataTypes
 from streamline.pool_sign import AbsorbChannelSignIntoMultiThreshold
 from streamline.real_thresholds import RealThresholds, set_real_thresholds

@@ -12,7 +12,7 @@ from finnlite import Model
 from finnlite.build import streamline
 from finnlite.cli import main
 from finnlite.config import Config, load_config
-from finnlite.errors import ConfigError
+from finnlite.core.errors import ConfigError
 from streamline.preprocess import Preprocessing, insert_preprocessing, parse_number
 from tests.streamline.convert_helpers import graph_model, init, quant_node
 from tests.zoo import zoo_model_path

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops.executor import Executor
 from finnlite import Model, PassManager, Stage
-from finnlite.errors import FinnliteError, OpError
+from finnlite.core.errors import FinnliteError, OpError
 from streamline.convert_qcdq import QCDQToQuant, standard_range
 from streamline.pipeline import streamline_model
 from tests.streamline.qcdq_helpers import model_of, ort_runner, qdq_nodes, samples, streamline_and_check

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops.executor import Executor
 from finnlite import Model, PassManager, Stage
-from finnlite.compat import QONNX_DOMAIN, make_model
+from finnlite.core.compat import QONNX_DOMAIN, make_model
 from streamline.tidy import TIDY_PASSES, ConvBiasToAdd, GemmToMatMul, SubToAdd
 from tests.zoo import ZOO_MODELS, random_input, zoo_model_path
 

@@ -13,7 +13,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from finnlite import Model
-from finnlite.compat import QONNX_DOMAIN, make_model
+from finnlite.core.compat import QONNX_DOMAIN, make_model
 from streamline.pipeline import streamline_model
 from verify import ReferenceData, final_check
 

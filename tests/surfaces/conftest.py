@@ -13,7 +13,7 @@ from typing import Sequence
 import pytest
 
 from finnlite.examples import build_tfc
-from finnlite.io import save_proto
+from finnlite.core.io import save_proto
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -1,5 +1,5 @@
 """Depthwise weights stay compact through a whole verified run: the pipeline, per-pass verification, the final check,
-the report's extras and the save never make the dense block-sparse matrix (finnlite.tensors), and the file holds
+the report's extras and the save never make the dense block-sparse matrix (finnlite.core.tensors), and the file holds
 exactly what the dense matrix gives."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import finnlite.tensors as tensors
+import finnlite.core.tensors as tensors
 from finnlite import Model
 from finnlite.build import streamline
-from finnlite.compat import QONNX_DOMAIN, make_model
-from finnlite.tensors import DepthwiseWeight
+from finnlite.core.compat import QONNX_DOMAIN, make_model
+from finnlite.core.tensors import DepthwiseWeight
 from tests.zoo import require_zoo, zoo_model_path
 
 

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from finnlite import Model
-from finnlite.compat import make_model
+from finnlite.core.compat import make_model
 from finnlite.cost import datatype_histogram, format_count, inference_cost
 from finnlite.examples import build_tfc
 from streamline.pipeline import streamline_model
@@ -22,7 +22,7 @@ def _qonnx_cost(model: Any) -> dict[str, float]:
     from qonnx.core.modelwrapper import ModelWrapper
     from qonnx.util.inference_cost import inference_cost as qonnx_inference_cost
 
-    from finnlite.compat import fix_ir_version
+    from finnlite.core.compat import fix_ir_version
 
     proto = model.to_proto() if isinstance(model, Model) else model
     result = qonnx_inference_cost(ModelWrapper(fix_ir_version(proto)))["total_cost"]

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops.executor import Executor
 from finnlite import DataType, Model
-from finnlite.compat import QONNX_DOMAIN, make_model
+from finnlite.core.compat import QONNX_DOMAIN, make_model
 from finnlite.cost import inference_cost
 from streamline.pipeline import streamline_model
 from tests.zoo import random_input, zoo_model_path

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from finnlite import Model, VerificationError
 from finnlite.build import streamline
-from finnlite.compat import QONNX_DOMAIN, make_model
+from finnlite.core.compat import QONNX_DOMAIN, make_model
 from finnlite.config import Config
 from finnlite.examples import build_tfc
 from finnlite.report import _BOX_W, _LANE_W, GraphPicture, StreamlineReport

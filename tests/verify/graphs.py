@@ -9,7 +9,7 @@ import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
 from finnlite import Model
-from finnlite.compat import QONNX_DOMAIN, make_model
+from finnlite.core.compat import QONNX_DOMAIN, make_model
 
 F32 = TensorProto.FLOAT
 

@@ -17,9 +17,9 @@ import pytest
 from finnlite import Model
 from finnlite.build import make_reference, streamline
 from finnlite.cli import main
-from finnlite.compat import QONNX_DOMAIN
+from finnlite.core.compat import QONNX_DOMAIN
 from finnlite.config import Config
-from finnlite.errors import VerificationError
+from finnlite.core.errors import VerificationError
 from tests.verify.graphs import GraphBuilder
 from tests.zoo import ZOO_MODELS, manifest, zoo_model_path
 from verify import ReferenceData, final_check

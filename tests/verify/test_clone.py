@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from finnlite import Model
-from finnlite.compat import make_model
+from finnlite.core.compat import make_model
 from tests.verify.graphs import GraphBuilder
 from tests.zoo import ZOO_MODELS, require_zoo, zoo_model_path
 from verify.clone import clone_model

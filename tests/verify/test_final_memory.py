@@ -7,7 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops.executor import Executor
 from finnlite import Model
-from finnlite.compat import make_model
+from finnlite.core.compat import make_model
 from verify import ReferenceData, final_check
 from verify.final import _with_outputs
 from verify.region import executor_with_outputs as _executor

@@ -100,7 +100,7 @@ def test_unsupported_node_in_the_middle() -> None:
 
 
 def test_progress_attribute_decides_the_closest_rule() -> None:
-    from finnlite.passes import Miss
+    from finnlite.core.passes import Miss
 
     model = _network(unsupported=True)
     far, near = Miss("Far", "mul0", "op type"), Miss("Near", "mul0", "third condition")

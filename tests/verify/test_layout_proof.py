@@ -11,7 +11,7 @@ import onnx_ir as ir
 import pytest
 
 from finnlite import Model, PassManager, Stage, Transformation
-from finnlite.compat import QONNX_DOMAIN
+from finnlite.core.compat import QONNX_DOMAIN
 from streamline.layout import AbsorbConsecutiveTransposes, AbsorbTransposeIntoMultiThreshold, ConvertToNHWC
 from tests.verify.graphs import GraphBuilder
 from tests.zoo import manifest, zoo_model_path

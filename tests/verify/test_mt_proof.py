@@ -11,7 +11,7 @@ import onnx_ir as ir
 import pytest
 
 from finnlite import PassManager, Rule, Stage
-from finnlite.compat import QONNX_DOMAIN
+from finnlite.core.compat import QONNX_DOMAIN
 from tests.verify.graphs import GraphBuilder, const, new_node, take_over
 from verify import PassVerificationError, ReferenceData, VerificationHook
 import verify.hook

@@ -23,8 +23,8 @@ from onnx import helper, numpy_helper
 from finnlite import Model
 from finnlite.build import make_reference, streamline
 from finnlite.config import Config
-from finnlite.datatypes import DataType, is_integer_type
-from finnlite.errors import VerificationError
+from finnlite.core.datatypes import DataType, is_integer_type
+from finnlite.core.errors import VerificationError
 from tests.zoo import manifest, zoo_model_path
 from verify import final_check
 
@@ -87,7 +87,7 @@ def _narrower(values: np.ndarray) -> str:
 
 def _one_bit_short(lo: float, hi: float) -> str:
     """The narrowest INTn/UINTn holding ``[lo, hi]``, one bit narrower (as a wrongly sized accumulator)."""
-    from finnlite.datatypes import smallest_int_type
+    from finnlite.core.datatypes import smallest_int_type
 
     dt = smallest_int_type(lo, hi)
     bits = dt.bitwidth()

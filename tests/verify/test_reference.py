@@ -117,7 +117,7 @@ def _weighted_model():
     from onnx import TensorProto, helper, numpy_helper
 
     from finnlite import Model
-    from finnlite.compat import make_model
+    from finnlite.core.compat import make_model
     from verify.region import _FEED_ELEMENTS
 
     k, n = 256, _FEED_ELEMENTS // 256 + 1
@@ -164,7 +164,7 @@ def _quantized_weight_model(layers: int = 4):
     from onnx import TensorProto, helper, numpy_helper
 
     from finnlite import Model
-    from finnlite.compat import QONNX_DOMAIN, make_model
+    from finnlite.core.compat import QONNX_DOMAIN, make_model
     from verify.region import _FEED_ELEMENTS
 
     k = 256

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from finnlite import GraphError, Model
-from finnlite.compat import make_model
+from finnlite.core.compat import make_model
 from tests.verify.graphs import GraphBuilder, add_relu, int_multithreshold, quant_graph
 from verify import ReferenceData, check_datatypes, check_structure
 

@@ -12,7 +12,7 @@ import onnx_ir as ir
 import pytest
 
 from finnlite import Model, PassManager, Rule, Stage, Transformation, VerificationError
-from finnlite.compat import QONNX_DOMAIN
+from finnlite.core.compat import QONNX_DOMAIN
 from tests.verify.graphs import (add_conv, add_relu, batchnorm, channel_mul_relu, clip_graph, const, gemm,
                                  int_multithreshold, matmul_bias_relu, mul_add, mul_matmul, mul_maxpool,
                                  mul_multithreshold, mul_pad, new_node, numpy_weight_matmul, quant_graph, sub_graph,

@@ -2,7 +2,7 @@
 constant, the standard ONNX domains, and a value taking over another's consumers and name.
 
 Nothing here decides a rewrite; the passes in :mod:`streamline` do. The annotation format is
-:class:`finnlite.model.Model`'s (``finn_datatype`` / ``tensor_layout`` under ``quant_parameter_tensor_names``).
+:class:`finnlite.core.model.Model`'s (``finn_datatype`` / ``tensor_layout`` under ``quant_parameter_tensor_names``).
 """
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.datatypes import BaseDataType, parse_datatype
-from finnlite.ops import STANDARD_DOMAINS, is_standard_domain
-from finnlite.shapes import const_array
-from finnlite.tensors import DepthwiseWeight
+from finnlite.core.datatypes import BaseDataType, parse_datatype
+from finnlite.core.ops import STANDARD_DOMAINS, is_standard_domain
+from finnlite.core.shapes import const_array
+from finnlite.core.tensors import DepthwiseWeight
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 __all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "clip_bounds", "is_standard_domain", "rank_of", "take_over",
            "zero_padded"]
 
-_QA_KEY = "quant_parameter_tensor_names"  # where Model keeps annotations (see finnlite.model)
+_QA_KEY = "quant_parameter_tensor_names"  # where Model keeps annotations (see finnlite.core.model)
 _DT_KEY = "finn_datatype"
 _LAYOUT_KEY = "tensor_layout"
 
@@ -64,7 +64,7 @@ def annotate(v: ir.Value, datatype: BaseDataType | str | None = None, layout: Se
 def add_constant(model: "Model", array: np.ndarray | DepthwiseWeight, prefix: str,
                  datatype: BaseDataType | str | None = None) -> ir.Value:
     """A new initializer (name ``prefix`` made unique) holding ``array`` with its shape and element type (a
-    non-contiguous array is copied to a contiguous one; a :class:`~finnlite.tensors.DepthwiseWeight` is kept
+    non-contiguous array is copied to a contiguous one; a :class:`~finnlite.core.tensors.DepthwiseWeight` is kept
     compact), annotated with ``datatype`` if given."""
     if not isinstance(array, DepthwiseWeight):
         array = np.asarray(array)

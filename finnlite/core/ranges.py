@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from finnlite.tensors import DepthwiseWeight
+from finnlite.core.tensors import DepthwiseWeight
 
 __all__ = ["weight_sums", "accumulator_range"]
 
@@ -26,7 +26,7 @@ WeightSums = tuple[np.ndarray, np.ndarray, bool]
 
 def weight_sums(w: Any, op: str) -> WeightSums | None:
     """:data:`WeightSums` of the constant weight ``w`` (an array, an ``ir`` tensor or a
-    :class:`~finnlite.tensors.DepthwiseWeight`) of a ``MatMul`` (``[K, N]``, channels along axis 1), ``Conv``
+    :class:`~finnlite.core.tensors.DepthwiseWeight`) of a ``MatMul`` (``[K, N]``, channels along axis 1), ``Conv``
     (``[O, I/g, kh, kw]``, channels along axis 0) or ``Gemm`` with ``transB`` (``op="GemmT"``: ``[N, K]``); None for a
     MatMul weight that is not 2-D."""
     if isinstance(w, DepthwiseWeight):

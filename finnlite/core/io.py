@@ -18,10 +18,10 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from finnlite.compat import IR_VERSION, fix_ir_version
-from finnlite.errors import ModelLoadError
-from finnlite.ops import is_standard_domain
-from finnlite.tensors import DepthwiseWeight
+from finnlite.core.compat import IR_VERSION, fix_ir_version
+from finnlite.core.errors import ModelLoadError
+from finnlite.core.ops import is_standard_domain
+from finnlite.core.tensors import DepthwiseWeight
 
 #: Above this many bytes a model must store its initializers as external data (protobuf's 2 GB limit).
 _PROTOBUF_LIMIT = 2**31 - 2**20
@@ -267,7 +267,7 @@ def _skeleton(model: ir.Model) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]
 
 
 def _array_parts(tensor: Any) -> tuple[bytes, int, bytes] | None:
-    """For a numpy-backed tensor or a :class:`~finnlite.tensors.DepthwiseWeight` (whose ``tofile`` writes the dense
+    """For a numpy-backed tensor or a :class:`~finnlite.core.tensors.DepthwiseWeight` (whose ``tofile`` writes the dense
     matrix block by block), its serialized TensorProto as ``(fields before raw_data, data bytes, fields after)``,
     made without copying the data; None for other tensors (serialized whole)."""
     if isinstance(tensor, DepthwiseWeight):

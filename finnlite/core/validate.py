@@ -13,7 +13,7 @@ that cannot read a node leaves it alone, and the output would silently keep a br
 * shapes: each node's output shapes are inferred from its inputs (custom ops included, which checks that scales
   broadcast and thresholds match the channels) and compared with the shapes the file declares for them.
 
-Every problem raises the :class:`finnlite.errors.FinnliteError` subclass that describes it, with a one-line
+Every problem raises the :class:`finnlite.core.errors.FinnliteError` subclass that describes it, with a one-line
 message naming the file, the node and the tensor. Validation does not change the model, except that output shapes
 the file leaves undeclared are filled in by inference (as the tidy stage would do anyway).
 """
@@ -27,11 +27,11 @@ import numpy as np
 import onnx_ir as ir
 from onnx import defs
 
-from finnlite.ops import is_custom_domain, is_standard_domain, make_op
-from finnlite.datatypes import parse_datatype
-from finnlite.errors import DataTypeError, FinnliteError, GraphError, OpError
-from finnlite.model import Model, iter_values
-from finnlite.shapes import const_array, infer_node_shapes
+from finnlite.core.ops import is_custom_domain, is_standard_domain, make_op
+from finnlite.core.datatypes import parse_datatype
+from finnlite.core.errors import DataTypeError, FinnliteError, GraphError, OpError
+from finnlite.core.model import Model, iter_values
+from finnlite.core.shapes import const_array, infer_node_shapes
 
 __all__ = ["validate_model"]
 

@@ -3,10 +3,7 @@
 * :class:`Transformation` edits a model in place and says whether it changed anything; :class:`Rule` is a local
   rewrite (match a node, check conditions, rewrite) whose ``apply`` walks the graph once; :class:`AnalysisPass`
   only reads.
-* The registry maps a pass name to its class and group. Passes are registered explicitly with
-  :func:`register_pass`; nothing is looked up with ``eval`` or depends on import order beyond the import of the
-  module that defines the pass. A pass may declare ``aliases``: the names of FINN/qonnx transformations it covers
-  (alone or as part of a more general rewrite); :func:`get_pass` resolves them, and no alias may be a pass name.
+* The registry (:mod:`finnlite.core.registry`) maps a pass name to its class; its functions are re-exported here.
 * :class:`PassManager` runs ordered :class:`Stage` objects. A fixpoint stage repeats its passes until one full
   round changes nothing. Termination is guaranteed by cycle detection (a fingerprint of the graph after each round:
   seeing one twice means the passes oscillate) and a hard iteration cap; both raise :class:`FixpointError` naming
@@ -22,12 +19,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
-from finnlite.errors import FixpointError, PassError
+from finnlite.core.errors import FixpointError, PassError
+from finnlite.core.registry import get_pass, list_aliases, list_passes, register_pass  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 
 class Pass:
@@ -132,53 +130,6 @@ class Rule(Transformation):
         return self.rewrites > 0
 
 
-# -- registry ------------------------------------------------------------------------------------------------
-_REGISTRY: dict[str, type[Pass]] = {}
-_ALIASES: dict[str, str] = {}  # FINN/qonnx name -> registered pass name
-
-
-def register_pass(cls: type[Pass] | None = None, *, group: str | None = None) -> Any:
-    """Class decorator that registers a pass under its name (``@register_pass`` or
-    ``@register_pass(group="absorb")``). Registering two different classes under one name is an error."""
-
-    def deco(c: type[Pass]) -> type[Pass]:
-        if group is not None:
-            c.group = group
-        old = _REGISTRY.get(c.name)
-        if old is not None and old is not c and (old.__module__, old.__qualname__) != (c.__module__, c.__qualname__):
-            raise PassError(f"a pass named '{c.name}' is registered twice ({old.__module__}, {c.__module__})")
-        if c.name in _ALIASES:
-            raise PassError(f"pass name '{c.name}' is already an alias of {_ALIASES[c.name]}")
-        for alias in c.__dict__.get("aliases", ()):
-            if alias in _REGISTRY or _ALIASES.get(alias, c.name) != c.name:
-                taken = "a pass" if alias in _REGISTRY else f"an alias of {_ALIASES[alias]}"
-                raise PassError(f"alias '{alias}' of {c.name} is already {taken}")
-        _REGISTRY[c.name] = c
-        _ALIASES.update((alias, c.name) for alias in c.__dict__.get("aliases", ()))
-        return c
-
-    return deco(cls) if cls is not None else deco
-
-
-def get_pass(name: str) -> type[Pass]:
-    """The registered pass class called ``name``, or the pass an alias (a FINN/qonnx name) stands for."""
-    try:
-        return _REGISTRY[_ALIASES.get(name, name)]
-    except KeyError:
-        raise PassError(f"no pass named '{name}' is registered") from None
-
-
-def list_aliases() -> dict[str, str]:
-    """Every alias (a FINN/qonnx transformation name) and the registered pass it stands for, sorted by alias."""
-    return dict(sorted(_ALIASES.items()))
-
-
-def list_passes(group: str | None = None) -> list[type[Pass]]:
-    """Registered passes (of one group, if given), sorted by group and name."""
-    found = [c for c in _REGISTRY.values() if group is None or c.group == group]
-    return sorted(found, key=lambda c: (c.group, c.name))
-
-
 def _instantiate(p: Pass | type[Pass] | str) -> Pass:
     if isinstance(p, str):
         p = get_pass(p)
@@ -210,8 +161,7 @@ def run_pass(model: "Model", p: Any) -> bool:
     if _is_qonnx_transformation(p):
         before = fingerprint(model)
         result = model.to_qonnx().transform(p)
-        model.ir = type(model)(result, check=False).ir
-        model._reindex()
+        model.replace_ir(type(model)(result, check=False).ir)
         return fingerprint(model) != before
     if callable(p):
         return bool(p(model))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from finnlite.errors import OpError
+from finnlite.core.errors import OpError
 
 QONNX_DOMAIN = "qonnx.custom_op.general"
 CUSTOM_DOMAINS = ("qonnx.custom_op.general", "finn.custom_op.general", "onnx.brevitas")

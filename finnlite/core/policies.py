@@ -1,7 +1,7 @@
 """Verification policies: what "computes the same" means for a pass or a stage.
 
-A pass (or a :class:`finnlite.passes.Stage`) declares its policy in its ``verification`` attribute, most easily with
-one of the decorators::
+A pass (or a :class:`~finnlite.core.passes.Stage`) declares its policy in its ``verification`` attribute, most
+easily with one of the decorators::
 
     @equality                              # bit-exact on every compared tensor
     class MoveTransposePastRelu(Rule): ...

@@ -28,13 +28,13 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
-from finnlite.compat import make_model, ort_session
-from finnlite.errors import GraphError
-from finnlite.ops import is_standard_domain
-from finnlite.shapes import const_array
+from finnlite.core.compat import make_model, ort_session
+from finnlite.core.errors import GraphError
+from finnlite.core.ops import is_standard_domain
+from finnlite.core.shapes import const_array
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 #: ops that must not be folded even with constant inputs
 _NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}

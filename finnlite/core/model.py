@@ -24,13 +24,13 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from finnlite import io as model_io
-from finnlite.datatypes import BaseDataType, DataType, parse_datatype
-from finnlite.errors import DataTypeError, FixpointError, GraphError, ModelLoadError
-from finnlite.cleanup import cleanup as cleanup_model
-from finnlite.passes import AnalysisPass, run_pass
-from finnlite.shapes import infer_shapes
-from finnlite.tensors import DepthwiseWeight, freeze, is_frozen  # noqa: F401 - freeze, is_frozen: re-exported
+from finnlite.core import io as model_io
+from finnlite.core.datatypes import BaseDataType, DataType, parse_datatype
+from finnlite.core.errors import DataTypeError, FixpointError, GraphError, ModelLoadError
+from finnlite.core.cleanup import cleanup as cleanup_model
+from finnlite.core.passes import AnalysisPass, run_pass
+from finnlite.core.shapes import infer_shapes
+from finnlite.core.tensors import DepthwiseWeight, freeze, is_frozen  # noqa: F401 - freeze, is_frozen: re-exported
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,12 @@ class Model:
         ``external_data=True`` stores large initializers in ``<name>.data`` beside the model; ``None`` chooses it
         only when the model would exceed protobuf's 2 GB limit."""
         model_io.save_model(self.ir, path, external_data=external_data)
+
+    def replace_ir(self, new: ir.Model) -> None:
+        """Make ``new`` this model's graph (as a qonnx transformation's result is taken back), rebuilding the name
+        index."""
+        self.ir = new
+        self._reindex()
 
     def copy(self) -> "Model":
         """An independent deep copy (serializes and reloads; use sparingly)."""
@@ -223,7 +229,7 @@ class Model:
             v.dtype = ir.DataType.FLOAT
 
     def infer_shapes(self, *, only_missing: bool = True) -> None:
-        """Infer the shape of every node output, custom ops included (see :mod:`finnlite.shapes`)."""
+        """Infer the shape of every node output, custom ops included (see :mod:`finnlite.core.shapes`)."""
         infer_shapes(self, only_missing=only_missing)
 
     # -- datatypes and layouts -----------------------------------------------------------------------------
@@ -282,7 +288,7 @@ class Model:
     # -- initializers --------------------------------------------------------------------------------------
     def get_initializer(self, name: str) -> np.ndarray | None:
         """The value of initializer ``name`` as a numpy array (a constant node output is not an initializer). A
-        :class:`~finnlite.tensors.DepthwiseWeight` gives its dense matrix, made anew on each call."""
+        :class:`~finnlite.core.tensors.DepthwiseWeight` gives its dense matrix, made anew on each call."""
         v = self.graph.initializers.get(name)
         if v is None or v.const_value is None:
             return None
@@ -295,7 +301,7 @@ class Model:
     def set_initializer(self, name: str, array: np.ndarray | DepthwiseWeight) -> ir.Value:
         """Create or replace initializer ``name`` with ``array`` (its shape and element type are updated). The
         model takes ``array`` as it is, without a copy, and makes it read-only (:func:`freeze`). A
-        :class:`~finnlite.tensors.DepthwiseWeight` is kept in its compact form."""
+        :class:`~finnlite.core.tensors.DepthwiseWeight` is kept in its compact form."""
         if isinstance(array, DepthwiseWeight):
             tensor, shape, dtype = array, list(array.shape), array.dtype
             tensor.name = name
@@ -488,7 +494,7 @@ class Model:
 
     def cleanup(self, fold_constants: bool = True) -> bool:
         """Remove dead nodes and unused initializers and (optionally) fold standard ops whose inputs are all
-        constant. Returns True if anything changed. See :mod:`finnlite.cleanup`."""
+        constant. Returns True if anything changed. See :mod:`finnlite.core.cleanup`."""
         return cleanup_model(self, fold=fold_constants)
 
     # -- checks --------------------------------------------------------------------------------------------
@@ -539,10 +545,10 @@ class Model:
                   max_iterations: int = 100) -> "Model":
         """Apply a pass in place until it changes nothing, as qonnx's ``ModelWrapper.transform`` does, and return
         ``self``, so that ``model = model.transform(SomePass())`` works. ``transformation`` is a finnlite pass, a
-        qonnx Transformation or a function of the model (see :func:`finnlite.passes.run_pass`). Unlike qonnx,
+        qonnx Transformation or a function of the model (see :func:`finnlite.core.passes.run_pass`). Unlike qonnx,
         nothing is deep-copied (``make_deepcopy`` is accepted for compatibility and ignored), and ``cleanup=True``
         runs :meth:`cleanup` afterwards. A pass still changing the model after ``max_iterations`` runs raises
-        :class:`~finnlite.errors.FixpointError`."""
+        :class:`~finnlite.core.errors.FixpointError`."""
         for _ in range(max_iterations):
             if not run_pass(self, transformation):
                 break

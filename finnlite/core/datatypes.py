@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from qonnx.core.datatype import BaseDataType, DataType
 
-from finnlite.errors import DataTypeError
+from finnlite.core.errors import DataTypeError
 
 __all__ = ["DataType", "BaseDataType", "parse_datatype", "smallest_int_type", "tightest_datatype", "int_type",
            "datatype_of_values", "is_integer_type"]

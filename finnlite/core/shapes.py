@@ -15,11 +15,11 @@ import onnx
 import onnx_ir as ir
 from onnx import defs, helper, shape_inference
 
-from finnlite.errors import GraphError, OpError
-from finnlite.ops import is_custom_domain, is_standard_domain, make_op
+from finnlite.core.errors import GraphError, OpError
+from finnlite.core.ops import is_custom_domain, is_standard_domain, make_op
 
 if TYPE_CHECKING:
-    from finnlite.model import Model
+    from finnlite.core.model import Model
 
 #: constant inputs up to this many elements are handed to onnx's inference (Reshape shapes, Slice starts, ...)
 _MAX_CONST_ELEMS = 4096
