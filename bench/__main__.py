@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-MODULES = ["bench.bench_core", "bench.bench_executor", "bench.bench_pipeline"]
+MODULES = ["bench.bench_startup", "bench.bench_core", "bench.bench_executor", "bench.bench_pipeline"]
 
 
 def main() -> int:
