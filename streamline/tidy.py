@@ -143,6 +143,8 @@ class GemmToMatMul(Rule):
         model.graph.insert_after(node, new_nodes)
         if y.shape is not None:
             cur.shape = y.shape
+        if y.dtype is not None:
+            cur.dtype = y.dtype  # a value with a shape and no element type is not serialized as qonnx wants it
         model.replace_uses(y, cur)
         model.remove_node(node)
 

@@ -112,9 +112,28 @@ def load_proto(source: Any) -> tuple[onnx.ModelProto, str | None]:
 
 
 def to_proto(model: ir.Model) -> onnx.ModelProto:
-    """Serialize an ``onnx_ir`` model, with an IR version onnxruntime accepts."""
+    """Serialize an ``onnx_ir`` model, with an IR version onnxruntime accepts and the value infos qonnx and onnx's
+    shape inference accept (:func:`_clean_value_info`)."""
     proto = ir.serde.serialize_model(model)
+    _clean_value_info(proto.graph)
     return fix_ir_version(proto, IR_VERSION)
+
+
+def _clean_value_info(graph: onnx.GraphProto) -> None:
+    """Keep one ``value_info`` per tensor, with a type, and none for a graph input or output (those carry their
+    own): onnx_ir writes a bare entry for a value that has a shape but no element type, and onnx's shape
+    inference (qonnx's ``InferShapes``) then finds two entries for that tensor ("Multiple ValueInfoProto")."""
+    io_names = {v.name for v in graph.input} | {v.name for v in graph.output}
+    seen: set[str] = set()
+    keep = []
+    for vi in graph.value_info:
+        if vi.name in io_names or vi.name in seen or not vi.type.HasField("tensor_type"):
+            continue
+        seen.add(vi.name)
+        keep.append(vi)
+    if len(keep) != len(graph.value_info):
+        del graph.value_info[:]
+        graph.value_info.extend(keep)
 
 
 def _to_external(proto: onnx.ModelProto, data_name: str, data_tmp: str) -> None:
