@@ -40,6 +40,8 @@ class MakeNodeNamesUnique(Transformation):
     first, so that the nodes rewrites derive from distinct names get distinct names, and last, so that the result
     loads in onnxruntime and FINN. Changes names only."""
 
+    aliases = ("GiveUniqueNodeNames",)
+
     def apply(self, model: Any) -> bool:
         return model.make_node_names_unique()
 
