@@ -12,6 +12,16 @@ from custom_ops import (bipolar_quant, im2col, maxpoolnhwc, multithreshold, quan
 from custom_ops.base import CustomOp, attrs_of
 from custom_ops.registry import (CUSTOM_DOMAINS, QONNX_DOMAIN, is_custom_domain, is_standard_domain, lookup,
                                  make_op, register, register_alias, registered_ops)
+from finnlite.core.ops import register_executor
+
+
+def _executor(model, **options):  # the executor module loads onnxruntime: only when a model is run
+    from custom_ops.executor import Executor
+
+    return Executor(model, **options)
+
+
+register_executor(_executor)
 
 __all__ = [
     "CustomOp", "attrs_of", "CUSTOM_DOMAINS", "QONNX_DOMAIN", "is_custom_domain", "is_standard_domain", "lookup",

@@ -199,9 +199,10 @@ class Executor:
         """The declared shape of data input ``name`` (None for a symbolic dim; None if undeclared)."""
         return self._input_shapes[name]
 
-    def run(self, inputs: Mapping[str, np.ndarray], return_all: bool = False, *,
+    def run(self, inputs: Mapping[str, np.ndarray] | np.ndarray, return_all: bool = False, *,
             windows: bool = True, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        """The graph outputs for ``inputs`` ({data input name: array}); with ``return_all``, every tensor: the
+        """The graph outputs for ``inputs`` ({data input name: array}, or the array alone for a model with one data
+        input: ``Executor(model).run(x)``); with ``return_all``, every tensor: the
         inputs, the constants (initializers and folded tensors, read-only) and every node output. With
         ``windows=False`` (and ``return_all``), the outputs of ``Im2Col`` nodes that only a MatMul run with them as
         one Conv reads are left out: they are not computed (:mod:`custom_ops.intconv`; they are ``kh·kw`` times
@@ -212,6 +213,11 @@ class Executor:
         A leading dim N (a multiple of the model's fixed batch dim b0) runs a batch, see ``batch_mode``. Raises
         :class:`GraphError` naming the tensor for an unknown or missing input or a wrong dtype or shape, and
         :class:`OpError` naming the node when a node fails."""
+        if not isinstance(inputs, Mapping):
+            if len(self._inputs) != 1:
+                raise GraphError(f"the model has {len(self._inputs)} data inputs {self.input_names}: give a dict "
+                                 "{name: array}")
+            inputs = {self._inputs[0].name: inputs}
         if return_all and not windows:
             return_all = _ALL_BUT_WINDOWS  # type: ignore[assignment]
         wanted = None if return_all or outputs is None else tuple(outputs)

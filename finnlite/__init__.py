@@ -32,6 +32,8 @@ def __getattr__(name: str) -> Any:
     module = _CORE_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'finnlite' has no attribute '{name}'")
+    if name == "Model":  # a model reads and runs QONNX/FINN custom ops: register them (cheap, no onnxruntime)
+        importlib.import_module("custom_ops")
     value = getattr(importlib.import_module(f"finnlite.core.{module}"), name)
     globals()[name] = value
     return value

@@ -21,6 +21,7 @@ each side and mapped back through those scalar ops), else from the input's integ
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -32,20 +33,24 @@ from finnlite.config import DEFAULT_VERIFY_MODE, VERIFY_MODES, Config, load_conf
 from finnlite.cost import datatype_histogram, inference_cost
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.errors import ConfigError, VerificationError
+from finnlite.core.io import check_input_names
 from finnlite.core.model import Model
 from finnlite.core.passes import PassManager
-from finnlite.report import CheckRow, GraphPicture, StreamlineReport, VerificationResult, pass_timings
+from finnlite.report import (CheckRow, GraphPicture, StreamlineReport, VerificationResult, graph_marks,
+                             pass_timings)
 from finnlite.core.shapes import const_array
 from finnlite.core.validate import validate_model
 from streamline.preprocess import insert_preprocessing
-from verify import PassVerificationError, ReferenceData, VerificationHook, final_check, float_report
+from verify import (PassVerificationError, ReferenceData, VerificationHook, bisect_pipeline, final_check,
+                    float_report)
 from verify.boundary import boundary_check, boundary_reference
 from verify.hook import probe_samples
 
 log = logging.getLogger(__name__)
 
 __all__ = ["streamline", "step_streamline", "make_step_streamline", "input_ranges", "default_samples",
-           "resolve_config", "STREAMLINED_PYTHON"]
+           "resolve_config", "make_reference", "reference_data", "check_reference_memory", "bisect",
+           "STREAMLINED_PYTHON"]
 
 #: FINN's ``VerificationStepType.STREAMLINED_PYTHON``: verify after streamlining
 STREAMLINED_PYTHON = "streamlined_python"
@@ -146,15 +151,30 @@ def make_reference(model: Model, config: Config, *, inputs: str | Path | None = 
     """The reference data for ``model`` and a description of them: the ``inputs`` file (else the config's), or
     random samples in ``input_range`` (else the config's, else the inferred range, see :func:`input_ranges`).
     ``boundary`` (else the config's ``verification.boundary``): the random samples are made boundary-seeking
-    (:func:`verify.boundary.boundary_reference`; its plan is ``reference.boundary_plan``)."""
+    (:func:`verify.boundary.boundary_reference`; its plan is ``reference.boundary_plan``). The description ends
+    with the warnings of :func:`reference_data` (an input range that is a guess)."""
+    ref, described, warnings = reference_data(model, config, inputs=inputs, input_range=input_range,
+                                              samples=samples, seed=seed, boundary=boundary)
+    return ref, "; ".join([described] + [f"WARNING: {w}" for w in warnings])
+
+
+def reference_data(model: Model, config: Config, *, inputs: str | Path | None = None,
+                   input_range: tuple[float, float] | None = None, samples: int | None = None,
+                   seed: int | None = None, boundary: bool | None = None) -> tuple[Any, str, list[str]]:
+    """:func:`make_reference` with the warnings apart: (reference, description, warnings). Checked before
+    anything is allocated: the input file's arrays are named after the model's inputs
+    (:func:`finnlite.core.io.check_input_names`), and random samples fit in the memory available
+    (:func:`check_reference_memory`)."""
     vc = config.verification
     boundary = vc.boundary if boundary is None else boundary
     path = inputs if inputs is not None else vc.inputs
     if path is not None:
+        check_input_names(path, model.input_names)
         ref = ReferenceData.load(model, path)
-        return ref, f"{ref.num_samples} samples from {path}"
+        return ref, f"{ref.num_samples} samples from {path}", []
     n = samples or vc.samples or default_samples(model)
     seed = seed if seed is not None else vc.seed
+    check_reference_memory(model, n)
     fixed = input_range if input_range is not None else vc.input_range
     ranges = {name: (fixed[0], fixed[1], "given") for name in model.input_names} if fixed is not None \
         else input_ranges(model)
@@ -165,11 +185,55 @@ def make_reference(model: Model, config: Config, *, inputs: str | Path | None = 
         ref = ReferenceData.random(model, n=n, seed=seed, ranges=plain)
     where = "; ".join(f"{k} in [{lo:.4g}, {hi:.4g}] ({src})" for k, (lo, hi, src) in ranges.items())
     guessed = [k for k, (_, _, src) in ranges.items() if src == "default"]
+    warnings = []
     if guessed:
-        where += (f"; WARNING: no input quantizer or datatype gives the range of {', '.join(guessed)}: [-1, 1] is "
-                  "a guess, give the real range with --input-range LO HI or real inputs with --inputs X.npz")
+        warnings.append(f"no input quantizer or datatype gives the range of {', '.join(guessed)}: [-1, 1] is a "
+                        "guess, give the real range with --input-range LO HI or real inputs with --inputs X.npz")
     kind = "boundary-seeking" if boundary else "random"
-    return ref, f"{n} {kind} sample{'s' if n != 1 else ''} (seed {seed}), {where}"
+    return ref, f"{n} {kind} sample{'s' if n != 1 else ''} (seed {seed}), {where}", warnings
+
+
+#: bytes per input element that drawing random reference data holds at its peak (float64 draws, then the
+#: model's float32 copy, then the float64 copy of the float64 reference run)
+_BYTES_PER_SAMPLE_ELEMENT = 20
+
+
+def check_reference_memory(model: Model, samples: int, available: int | None = None) -> None:
+    """Raise a :class:`ConfigError` when ``samples`` random reference samples of ``model``'s inputs would need
+    more memory than is ``available`` (default: what the system reports as available), before allocating any:
+    a model declaring an enormous input is a clear error, not a MemoryError after a long wait."""
+    total, parts = 0, []
+    for v in model.graph.inputs:
+        shape = model.get_tensor_shape(v.name)
+        if not shape or any(d is None for d in shape):
+            continue
+        elements = samples * int(np.prod([int(d) for d in shape], dtype=object))
+        total += elements * _BYTES_PER_SAMPLE_ELEMENT
+        parts.append(f"{v.name} {'x'.join(str(d) for d in shape)}")
+    free = available if available is not None else available_memory()
+    if free is not None and total > free:
+        raise ConfigError(f"the reference data need about {_gigabytes(total)} ({samples} samples of "
+                          f"{', '.join(parts)}) but {_gigabytes(free)} of memory are available: give fewer "
+                          "--samples, a smaller input, or --verify off")
+
+
+def available_memory() -> int | None:
+    """The memory available to this process in bytes (Linux ``MemAvailable``, else physical pages), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gigabytes(n: int) -> str:
+    return f"{n / 2 ** 30:.3g} GB" if n >= 2 ** 28 else f"{n / 2 ** 20:.3g} MB"
 
 
 # -- the run -------------------------------------------------------------------------------------------------------
@@ -186,6 +250,23 @@ class _Progress:
 
     def after_stage(self, stage: Any, model: Model) -> None:
         self.progress(f"[{stage.name}] done in {time.perf_counter() - self._t0:.2f} s, {len(model)} nodes")
+
+
+class _PassLog:
+    """A pass-manager hook logging every pass run (at INFO, logger ``finnlite.passes``; ``finnlite -v`` shows
+    them): stage, round, pass, whether it changed the graph, its rewrites and the node count."""
+
+    def after_pass(self, p: Any, model: Model, stage: Any, record: Any) -> None:
+        if not _pass_log.isEnabledFor(logging.INFO):
+            return
+        rewrites = "" if record.rewrites is None else f", {record.rewrites} rewrite(s)"
+        rnd = f" round {record.iteration}" if record.iteration else ""
+        _pass_log.info("[%s%s] %s: %s%s, %d -> %d nodes, %.3f s", stage.name, rnd, record.name,
+                       "changed" if record.changed else "no change", rewrites, record.nodes_before,
+                       record.nodes_after, record.seconds)
+
+
+_pass_log = logging.getLogger("finnlite.passes")
 
 
 def _safe(what: str, fn: Callable[[], Any]) -> Any:
@@ -225,24 +306,23 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
     stage_list = cfg.build_stages(list(stages) if stages is not None else None)
     seconds: dict[str, float] = {}
 
-    ops_before = m.op_histogram()
-    picture_before = _safe("graph picture", lambda: GraphPicture.of(m)) if extras else None
-    cost_before = _safe("inference cost", lambda: inference_cost(m)) if extras else None
-
     result = VerificationResult(mode)
     reference = None
     if mode != "off":
         t0 = time.perf_counter()
-        reference, result.reference = make_reference(m, cfg, inputs=inputs, input_range=input_range,
-                                                     samples=samples, seed=seed, boundary=boundary)
+        reference, result.reference, result.warnings = reference_data(
+            m, cfg, inputs=inputs, input_range=input_range, samples=samples, seed=seed, boundary=boundary)
         result.samples = reference.num_samples
         reference.precompute(values=probe_samples(reference) if mode == "each" else 0)
         seconds["reference"] = time.perf_counter() - t0
         if progress is not None:
             progress(f"reference data: {result.reference}")
+    ops_before = m.op_histogram()
+    picture_before = _safe("graph picture", lambda: GraphPicture.of(m)) if extras else None
+    cost_before = _safe("inference cost", lambda: inference_cost(m)) if extras else None
 
     hook = VerificationHook(reference, **cfg.verification.hook_options()) if mode == "each" else None
-    hooks = [h for h in (_Progress(progress) if progress is not None else None, hook) if h is not None]
+    hooks = [h for h in (_Progress(progress) if progress is not None else None, _PassLog(), hook) if h is not None]
     manager = PassManager(stage_list, hooks)
     error: VerificationError | None = None
     t0 = time.perf_counter()
@@ -284,16 +364,41 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
             error = err
             result.failure = {"during": "final", "pass": None, "stage": None, "tensor": err.tensor,
                               "message": str(err)}
+    floats = float_report(m, run_report)
+    marks = graph_marks(m, floats, result.failure)
     report = StreamlineReport(
         source=source, stages=[s.name for s in stage_list], ops_before=ops_before, ops_after=m.op_histogram(),
         passes=pass_timings(run_report.records), stage_seconds=dict(run_report.stage_seconds),
         verification=result, seconds=seconds, datatypes=datatype_histogram(m),
-        float_nodes=float_report(m, run_report), cost_before=cost_before,
+        float_nodes=floats, cost_before=cost_before,
         cost_after=_safe("inference cost", lambda: inference_cost(m)) if extras else None,
         picture_before=picture_before,
-        picture_after=_safe("graph picture", lambda: GraphPicture.of(m)) if extras else None,
+        picture_after=_safe("graph picture", lambda: GraphPicture.of(m, marks)) if extras else None,
         model=m, error=error)
     return report
+
+
+def bisect(model: Any, config: Config | str | Path | Mapping[str, Any] | None = None, *,
+           inputs: str | Path | None = None, input_range: tuple[float, float] | None = None,
+           samples: int | None = None, seed: int | None = None, stages: Sequence[str] | None = None) -> Any:
+    """Find the first pass, and the first rewrite of it, that breaks equivalence (what ``finnlite bisect`` runs):
+    the configured pipeline is replayed on a copy of ``model`` (not modified) with per-pass verification on
+    reference data (as :func:`streamline` makes them), and the failing pass replayed one rewrite at a time.
+    Returns a :class:`verify.bisect.BisectResult` (``ok``, ``pass_name``, ``stage``, ``rewrite``, ``match``,
+    ``text()``); its ``reference`` attribute describes the reference data."""
+    cfg = resolve_config(config)
+    m = model if isinstance(model, Model) else Model(model)
+    validate_model(m)
+    stage_list = cfg.build_stages(list(stages) if stages is not None else None)
+    reference, described = make_reference(m, cfg, inputs=inputs, input_range=input_range, samples=samples,
+                                          seed=seed)
+    options = cfg.verification.hook_options()
+    kwargs = {"policy": options["policy"]}
+    if "near_tie_rtol" in options:
+        kwargs["near_tie_rtol"] = options["near_tie_rtol"]
+    result = bisect_pipeline(m, stage_list, reference, samples=reference.num_samples, **kwargs)
+    result.reference = described
+    return result
 
 
 # -- FINN build step -----------------------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 * ``finnlite streamline IN.onnx -o OUT.onnx [--config cfg.yaml] [--verify off|final|each] [--inputs x.npz]
   [--input-range LO HI] [--input-datatype UINT8 --input-scale 1/255 --mean M.. --std S..] [--report report.html]
-  [--json]`` runs the default pipeline (as configured), verifies the
+  [--json] [--strict]`` runs the default pipeline (as configured), verifies the
   result (default: every pass, then the final check against the original), writes the model and prints a summary;
+  with ``--strict`` it exits 1 when the result is not integer-only or the model has no quantizers (the reasons are
+  :meth:`finnlite.report.StreamlineReport.strict_failures`; the verified model is still written);
 * ``finnlite info MODEL`` prints the op histogram, datatypes, the per-layer widths FINN sizes each MAC layer with
   (weight, input, accumulator, output) and the inference cost;
 * ``finnlite passes`` lists the default stages and the registered passes;
@@ -11,8 +13,15 @@
 * ``finnlite verify A.onnx B.onnx`` compares model B with model A on reference data;
 * ``finnlite bisect IN.onnx`` finds the first pass (and rewrite) that breaks equivalence.
 
-Progress goes to stderr; with ``--json`` stdout holds only the JSON. Exit codes: 0 success, 1 failed verification
-(the message names the pass or tensor), 2 bad input or usage (one line, no traceback), 3 an internal error.
+Progress goes to stderr; with ``--json`` stdout holds only the JSON; ``-v`` logs every pass run (changed or not,
+rewrites, nodes). What can be checked before the work is: the output and report locations are writable, the
+``--inputs`` file's arrays are named after the model's inputs, the random reference data fit in memory. Exit codes:
+0 success, 1 failed verification (the message names the pass or tensor) or a failed ``--strict``, 2 bad input or
+usage (one line, no traceback), 3 an internal error; a closed stdout (``finnlite ... --json | head``) ends the
+command quietly with 141, as SIGPIPE would.
+
+The module imports only what every command needs; each command imports the rest when it runs, so that
+``finnlite --help``, ``--version`` and ``passes`` stay quick.
 """
 
 from __future__ import annotations
@@ -30,11 +39,21 @@ from finnlite.core.errors import ConfigError, FinnliteError
 from finnlite.core.io import check_output_path
 from finnlite.core.model import Model
 from finnlite.core.passes import list_aliases, list_passes
-from finnlite.core.validate import validate_model
 
 log = logging.getLogger("finnlite")
 #: exit code for an unexpected exception (a bug), distinct from 2 (bad input or usage) and 1 (failed verification)
 INTERNAL_ERROR = 3
+#: exit code when stdout was closed before the command finished writing (as a shell reports SIGPIPE)
+SIGPIPE_EXIT = 141
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not fail on the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (captured in a test): nothing left to flush
+        pass
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -64,16 +83,22 @@ def _emit_json(data: Any) -> None:
 
 def cmd_streamline(args: argparse.Namespace) -> int:
     from finnlite.build import streamline
+    from finnlite.core.io import check_input_names
 
     inp, out = Path(args.input), Path(args.output)
     check_output_path(out, source=inp)
     report_path = Path(args.report) if args.report else None
-    if report_path is not None and not (report_path.parent if str(report_path.parent) else Path(".")).is_dir():
-        raise ConfigError("the report folder does not exist", file=str(report_path))
+    if report_path is not None:
+        try:
+            check_output_path(report_path, source=inp, what="report")
+        except FinnliteError as exc:
+            raise ConfigError(exc.message, file=exc.file) from None
     config = _config(args)
     t0 = time.perf_counter()
     model = Model(inp)
     t_load = time.perf_counter() - t0
+    if args.inputs is not None:
+        check_input_names(args.inputs, model.input_names)
     report = streamline(model, config, verify=args.verify, inputs=args.inputs, input_range=args.input_range,
                         samples=args.samples, seed=args.seed, stages=args.stages, progress=_progress(not args.quiet),
                         preprocessing=_preprocessing(args))
@@ -92,13 +117,17 @@ def cmd_streamline(args: argparse.Namespace) -> int:
         report.save_html(report_path)
         if not args.quiet:
             print(f"  report written to {report_path}", file=sys.stderr)
+    strict = report.strict_failures() if args.strict else []
     if args.json:
-        _emit_json(report.to_dict())
+        _emit_json({**report.to_dict(), "report": report.report_path,
+                    "strict": None if not args.strict else {"ok": not strict, "failures": strict}})
     else:
         print(f"finnlite streamline: {inp} -> {written if written else '(nothing written)'}")
         print(report.text())
     if report.ok:
-        return 0
+        for reason in strict:
+            print(f"finnlite: strict: {reason}", file=sys.stderr)
+        return 1 if strict else 0
     print(f"finnlite: error: {report.error}", file=sys.stderr)
     if report.completed:
         again = f" --config {args.config}" if args.config else ""
@@ -178,8 +207,12 @@ def cmd_exec(args: argparse.Namespace) -> int:
     import numpy as np
 
     from custom_ops.executor import Executor
+    from finnlite.core.io import check_input_names
 
     model = Model(args.model)
+    check_input_names(args.inputs, model.input_names)
+    if args.output:
+        check_output_path(args.output, source=args.model, what="outputs")
     inputs = _load_arrays(args.inputs, model.input_names)
     t0 = time.perf_counter()
     outputs = Executor(model.to_proto()).run(inputs)
@@ -226,6 +259,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         print(f"finnlite verify: {args.model} against {args.reference}; reference data: {described}")
         print(result.summary())
+        print("OK" if result.ok else "FAILED")  # the verdict, one word on the last line
     if result.ok:
         return 0
     try:
@@ -236,23 +270,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
-    from finnlite.build import make_reference
-    from verify import bisect_pipeline
+    from finnlite.build import bisect
 
-    config = _config(args)
-    model = Model(args.input)
-    validate_model(model)
-    stages = config.build_stages(args.stages)
-    reference, described = make_reference(model, config, inputs=args.inputs, input_range=args.input_range,
-                                          samples=args.samples, seed=args.seed)
     if not args.quiet:
-        print(f"  reference data: {described}", file=sys.stderr)
         print("  running the pipeline with per-pass verification ...", file=sys.stderr, flush=True)
-    options = config.verification.hook_options()
-    kwargs = {"policy": options["policy"]}
-    if "near_tie_rtol" in options:
-        kwargs["near_tie_rtol"] = options["near_tie_rtol"]
-    result = bisect_pipeline(model, stages, reference, samples=reference.num_samples, **kwargs)
+    result = bisect(Model(args.input), _config(args), inputs=args.inputs, input_range=args.input_range,
+                    samples=args.samples, seed=args.seed, stages=args.stages)
+    described = result.reference
     if args.json:
         fields = ("ok", "stage", "pass_name", "iteration", "rewrite", "rewrites", "match", "message", "node", "tensor")
         _emit_json({"input": args.input, "reference": described, **{k: getattr(result, k) for k in fields}})
@@ -316,12 +340,22 @@ def _reference_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="seed of the random reference inputs (default 0)")
 
 
+def _verbose_option(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: when not given after the command, the top-level -v stays (argparse would reset it to False)
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="log every pass run: changed or not, rewrites, nodes before and after")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``finnlite`` command."""
     from finnlite.config import VERIFY_MODES
 
+    from finnlite import __version__
+
     parser = _ArgumentParser(prog="finnlite", description="FINN-style streamlining of QONNX models.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the passes do")
+    parser.add_argument("--version", action="version", version=f"finnlite {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log every pass run: changed or not, rewrites, nodes before and after")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
 
     p = sub.add_parser("streamline", help="run the default pipeline on a QONNX model",
@@ -336,7 +370,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", nargs="+", metavar="STAGE", help="run only these stages (in pipeline order)")
     p.add_argument("--report", metavar="REPORT.html", help="write an HTML report (histograms, graphs, timings)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (only JSON on stdout)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when the result is not integer-only (a float op left, a first layer on the float "
+                        "input) or the model has no quantizers")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    _verbose_option(p)
     p.set_defaults(func=cmd_streamline)
 
     p = sub.add_parser("info", help="op histogram, datatypes, per-layer widths and inference cost of a model")
@@ -377,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", nargs="+", metavar="STAGE", help="run only these stages (in pipeline order)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    _verbose_option(p)
     p.set_defaults(func=cmd_bisect)
     return parser
 
@@ -388,6 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("onnx_ir").setLevel(logging.ERROR)
     try:
         return args.func(args)
+    except BrokenPipeError:  # stdout closed early (| head): not an error of the command; say nothing more
+        _silence_stdout()
+        return SIGPIPE_EXIT
     except FinnliteError as exc:
         print(f"finnlite: error: {exc}", file=sys.stderr)
         return exc.exit_code

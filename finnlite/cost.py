@@ -43,7 +43,8 @@ from finnlite.core.ranges import accumulator_range, weight_sums
 from finnlite.core.shapes import const_array
 from finnlite.core.tensors import DepthwiseWeight
 
-__all__ = ["InferenceCost", "LayerCost", "inference_cost", "datatype_histogram", "format_count"]
+__all__ = ["InferenceCost", "LayerCost", "inference_cost", "datatype_histogram", "format_count", "derived_datatypes",
+           "bits"]
 
 #: ops with no arithmetic cost in the estimate (qonnx's list, plus the FINN-ONNX ops of a streamlined graph)
 ZERO_COST_OPS = frozenset({
@@ -400,6 +401,21 @@ def inference_cost(model: Any, *, discount_sparsity: bool = True) -> InferenceCo
             unsupported.add(node.op_type)
     cost.unsupported = sorted(unsupported)
     return cost
+
+
+def derived_datatypes(model: Any) -> Callable[[ir.Value], BaseDataType]:
+    """``value -> datatype`` for ``model``'s tensors: the annotation, else derived from the producer as the module
+    docstring says (what the report colours a node by). The model is read, not modified; results are cached."""
+    return _Analysis(as_model(model)).datatype
+
+
+def bits(dt: str) -> int | None:
+    """The bit width of datatype name ``dt`` (``INT4`` -> 4, ``SCALEDINT<8>`` -> 8), None for ``-`` or an unknown
+    name."""
+    try:
+        return DataType[dt].bitwidth()
+    except (KeyError, ValueError, AttributeError):
+        return None
 
 
 def datatype_histogram(model: Any) -> dict[str, dict[str, int]]:

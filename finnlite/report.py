@@ -6,12 +6,16 @@ after). :func:`finnlite.build.streamline` returns one; the CLI prints :meth:`Str
 :meth:`StreamlineReport.to_dict` (``--json``) and writes :meth:`StreamlineReport.to_html` (``--report``); in a
 notebook the report displays itself.
 
-The HTML is one self-contained file (inline CSS and SVG; no script, no external resource). The graph pictures are
-drawn here, without graphviz: :class:`GraphPicture` records nodes and edges, assigns layers (longest path from the
-graph inputs; constant-only nodes such as weight quantizers sit just above their consumer), places each node at
-the mean position of its predecessors (pushed right where boxes would overlap, so a chain stays straight and side
-inputs sit beside it), and draws boxes coloured by op family with curved edges. A node's tooltip names it and lists
-its tensors with shapes and datatypes.
+*Integer-only* (:attr:`StreamlineReport.integer_only`) is claimed only when no float node is left and no layer
+reads a float graph input: a model without an input quantizer keeps its first layer float unless the input
+preprocessing is given (``--input-datatype`` ...), and the summary says so. :meth:`StreamlineReport.strict_failures`
+lists why ``finnlite streamline --strict`` fails a run (one function per reason in :data:`STRICT_CHECKS`).
+
+The text summary is built from sections (:data:`TEXT_SECTIONS`, one method each), the HTML from the same data: the
+verification, the float ops left, the per-layer bit widths (:mod:`finnlite.plots`), the passes that changed the
+graph ahead of those that did not, and both graphs (:mod:`finnlite.graphpic`: coloured by datatype, float nodes and
+the failing node ringed, zoom and pan by a small inline script). The file is self-contained: inline CSS, SVG and
+script, nothing loaded from anywhere.
 """
 
 from __future__ import annotations
@@ -20,279 +24,24 @@ import html
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import networkx as nx
+from typing import Any, Callable
 
 from finnlite.core.model import Model
+from finnlite.graphpic import _BOX_W, _LANE_W, ZOOM_SCRIPT, GraphPicture, legend, quoted_names, zoomable  # noqa: F401
 
 __all__ = ["GraphPicture", "PassTiming", "CheckRow", "VerificationResult", "StreamlineReport", "pass_timings",
-           "json_default"]
+           "json_default", "STRICT_CHECKS", "QUANTIZER_OPS", "INPUT_HINT"]
 
-
-# -- graph pictures ------------------------------------------------------------------------------------------------
-_BOX_W, _BOX_H, _GAP_X, _GAP_Y, _MARGIN, _LANE_W = 176, 38, 18, 30, 16, 8
-_FAMILIES = {
-    "quantizer": ({"Quant", "BipolarQuant", "Trunc", "MultiThreshold", "QuantAvgPool2d"}, "#fde2b8", "#c77c02"),
-    "mac": ({"Conv", "MatMul", "Gemm", "XnorPopcountMatMul", "ConvTranspose"}, "#cfe3fb", "#2764a8"),
-    "float": ({"Mul", "Add", "Sub", "Div", "BatchNormalization", "Relu", "Sigmoid", "Clip", "Round", "Sign",
-               "Softmax", "Tanh", "HardTanh"}, "#f6d3d3", "#a83232"),
-    "pool": ({"MaxPool", "MaxPoolNHWC", "AveragePool", "GlobalAveragePool", "TopK", "ArgMax"}, "#d6f0d2", "#2f7d32"),
-    "move": ({"Reshape", "Flatten", "Transpose", "Im2Col", "Squeeze", "Unsqueeze", "Identity", "Slice", "Gather",
-              "Concat", "Split", "Expand", "Pad"}, "#ececec", "#666666"),
-}
-_IO_FILL, _IO_STROKE = "#3b3b3b", "#3b3b3b"
-
-
-def _family(op_type: str) -> tuple[str, str]:
-    for ops, fill, stroke in _FAMILIES.values():
-        if op_type in ops:
-            return fill, stroke
-    return "#fff7c2", "#8a7a00"
+#: ops that quantize: a model with none of them has nothing to make integer
+QUANTIZER_OPS = frozenset({"Quant", "IntQuant", "BipolarQuant", "Trunc", "QuantizeLinear", "DequantizeLinear",
+                           "MultiThreshold", "QuantAvgPool2d"})
+#: what to do about a first layer that reads the float input
+INPUT_HINT = ("to make it read integers, give the input's datatype and preprocessing: --input-datatype UINT8 "
+              "--input-scale 1/255 --mean M.. --std S (the 'preprocessing' key of a config file)")
 
 
 def _esc(text: Any) -> str:
     return html.escape(str(text), quote=True)
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-@dataclass
-class _Box:
-    key: str
-    title: str
-    subtitle: str
-    tooltip: str
-    kind: str  # "node", "input", "output"
-    op_type: str = ""
-
-
-@dataclass
-class GraphPicture:
-    """The structure of a graph, captured for drawing: boxes (nodes, graph inputs and outputs) and edges."""
-
-    boxes: list[_Box] = field(default_factory=list)
-    edges: list[tuple[str, str]] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, model: Model) -> "GraphPicture":
-        """Capture ``model``'s nodes and their wiring (cheap; drawing happens in :meth:`svg`)."""
-        pic = cls()
-        producer: dict[str, str] = {}
-        for v in model.graph.inputs:
-            key = f"in:{v.name}"
-            pic.boxes.append(_Box(key, "input", _clip(v.name, 28), _tensor_line(model, v.name), "input"))
-            producer[v.name] = key
-        nodes = list(model.graph)
-        for i, node in enumerate(nodes):
-            for o in node.outputs:
-                if o.name:
-                    producer[o.name] = f"n{i}"
-        for i, node in enumerate(nodes):
-            key = f"n{i}"
-            outs = [o.name for o in node.outputs if o.name]
-            sub = (_tensor_brief(model, outs[0]) if outs else "") or node.name
-            lines = [f"{node.op_type} '{node.name or '(unnamed)'}'"]
-            lines += [f"in:  {_tensor_line(model, v.name)}" for v in node.inputs if v is not None and v.name]
-            lines += [f"out: {_tensor_line(model, name)}" for name in outs]
-            pic.boxes.append(_Box(key, node.op_type, sub, "\n".join(lines), "node", node.op_type))
-            seen: set[str] = set()
-            for v in node.inputs:
-                src = producer.get(v.name) if v is not None and v.name else None
-                if src is not None and src not in seen:
-                    seen.add(src)
-                    pic.edges.append((src, key))
-        for v in model.graph.outputs:
-            key = f"out:{v.name}"
-            pic.boxes.append(_Box(key, "output", _clip(v.name, 28), _tensor_line(model, v.name), "output"))
-            if v.name in producer:
-                pic.edges.append((producer[v.name], key))
-        return pic
-
-    @property
-    def node_count(self) -> int:
-        return sum(1 for b in self.boxes if b.kind == "node")
-
-    def layout(self) -> "_Layout":
-        """Where every box goes, and the lanes of edges that span several layers (module docstring)."""
-        g = nx.DiGraph()
-        g.add_nodes_from(b.key for b in self.boxes)
-        g.add_edges_from(self.edges)
-        order = {b.key: i for i, b in enumerate(self.boxes)}
-        try:
-            topo = list(nx.lexicographical_topological_sort(g, key=lambda k: order[k]))
-        except nx.NetworkXUnfeasible:  # a cyclic (broken) graph: draw it in file order
-            topo = [b.key for b in self.boxes]
-            g = nx.DiGraph()
-            g.add_nodes_from(topo)
-            g.add_edges_from((a, b) for a, b in self.edges if order[a] < order[b])
-        data = {b.key for b in self.boxes if b.kind == "input"}
-        for k in topo:
-            if any(p in data for p in g.predecessors(k)):
-                data.add(k)
-        rank: dict[str, int] = {}
-        for k in topo:
-            if k in data:
-                preds = [rank[p] for p in g.predecessors(k) if p in data]
-                rank[k] = max(preds) + 1 if preds else 0
-        for k in reversed(topo):  # constant-only nodes: just above their first consumer
-            if k not in data:
-                succ = [rank[s] for s in g.successors(k) if s in rank]
-                rank[k] = min(succ) - 1 if succ else 0
-        low = min(rank.values(), default=0)
-        rank = {k: r - low for k, r in rank.items()}
-        layers: dict[int, list[str]] = {}
-        for k in topo:
-            layers.setdefault(rank[k], []).append(k)
-        # an edge spanning several layers runs through a lane (a dummy per layer in between) that boxes avoid
-        lanes: dict[tuple[str, str], list[str]] = {}
-        chain = nx.DiGraph()
-        chain.add_nodes_from(topo)
-        width = {k: float(_BOX_W) for k in topo}
-        for a, b in dict.fromkeys(self.edges):
-            if a not in rank or b not in rank or rank[b] - rank[a] <= 1:
-                if a in rank and b in rank:
-                    chain.add_edge(a, b)
-                continue
-            dummies = [f"~{len(lanes)}~{r}" for r in range(rank[a] + 1, rank[b])]
-            lanes[(a, b)] = dummies
-            for d, r in zip(dummies, range(rank[a] + 1, rank[b])):
-                layers[r].append(d)
-                width[d] = float(_LANE_W)
-                if a in data:
-                    data.add(d)
-            nx.add_path(chain, [a, *dummies, b])
-        x: dict[str, float] = {}
-        for r in sorted(layers):  # downwards: follow the data
-            want = {}
-            for k in layers[r]:  # boxes on the data path decide, then lanes (a join stays under its main input),
-                # then anything (a weight quantizer is moved beside its consumer later)
-                placed = [p for p in chain.predecessors(k) if p in x]
-                preds = [x[p] for p in placed if p in data and p in width and width[p] == _BOX_W] or \
-                    [x[p] for p in placed if p in data] or [x[p] for p in placed]
-                want[k] = sum(preds) / len(preds) if preds else None
-            _place(layers[r], want, x, width)
-        for r in sorted(layers, reverse=True):  # upwards: constant-only nodes next to their consumer
-            if any(k not in data for k in layers[r]):
-                want = {}
-                for k in layers[r]:
-                    succ = [x[s] for s in chain.successors(k) if s in x]
-                    want[k] = x[k] if k in data or not succ else sum(succ) / len(succ)
-                _place(layers[r], want, x, width)
-        shift = _MARGIN - min((x[k] - width[k] / 2 for k in x), default=0.0)
-        centers = {k: (x[k] + shift, _MARGIN + r * (_BOX_H + _GAP_Y)) for r, ks in layers.items() for k in ks}
-        return _Layout(centers, lanes, max((c[0] + width[k] / 2 for k, c in centers.items()), default=0.0))
-
-    def svg(self, uid: str = "g") -> str:
-        """The picture as an inline SVG element; ``uid`` keeps its ids apart from other SVGs in the same page."""
-        lay = self.layout()
-        pos = lay.centers
-        width = lay.right + _MARGIN
-        height = max((p[1] for p in pos.values()), default=0) + _BOX_H + _MARGIN
-        marker = f"{uid}-arrow"
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="fl-graph" width="{width:.0f}" height="{height:.0f}" '
-               f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="Helvetica, Arial, sans-serif">',
-               f'<defs><marker id="{marker}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-               'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#777"/></marker></defs>',
-               '<g class="fl-edges" fill="none" stroke="#8a8a8a" stroke-width="1.2">']
-        for a, b in dict.fromkeys(self.edges):
-            if a not in pos or b not in pos:
-                continue
-            out.append(f'<path d="{_route(pos, a, b, lay.lanes.get((a, b), []))}" marker-end="url(#{marker})"/>')
-        out.append("</g>")
-        for box in self.boxes:
-            if box.key not in pos:
-                continue
-            cx, top = pos[box.key]
-            bx = cx - _BOX_W / 2
-            if box.kind == "node":
-                fill, stroke = _family(box.op_type)
-                rx, color, sub_color = 4.0, "#111", "#444"
-            else:
-                fill, stroke, rx, color, sub_color = _IO_FILL, _IO_STROKE, _BOX_H / 2, "#fff", "#ddd"
-            out.append(f'<g class="fl-{box.kind}"><title>{_esc(box.tooltip)}</title>'
-                       f'<rect x="{bx:.1f}" y="{top:.1f}" width="{_BOX_W}" height="{_BOX_H}" rx="{rx:g}" '
-                       f'fill="{fill}" stroke="{stroke}"/>'
-                       f'<text x="{cx:.1f}" y="{top + 15:.1f}" text-anchor="middle" font-size="12" '
-                       f'font-weight="bold" fill="{color}">{_esc(_clip(box.title, 24))}</text>'
-                       f'<text x="{cx:.1f}" y="{top + 30:.1f}" text-anchor="middle" font-size="10" '
-                       f'fill="{sub_color}">{_esc(_clip(box.subtitle, 30))}</text></g>')
-        out.append("</svg>")
-        return "".join(out)
-
-
-@dataclass
-class _Layout:
-    """Box positions (centre x, top y) by key, dummies included; the lane (dummy keys) of each long edge."""
-
-    centers: dict[str, tuple[float, float]]
-    lanes: dict[tuple[str, str], list[str]]
-    right: float
-
-
-def _route(pos: dict[str, tuple[float, float]], a: str, b: str, lane: list[str]) -> str:
-    """An SVG path from the bottom of box ``a`` to the top of box ``b``, straight down through each lane dummy and
-    curved between layers; an edge that does not go down (a cyclic graph) loops around the right side."""
-    (xa, ya), (xb, yb) = pos[a], pos[b]
-    if yb <= ya:
-        x1, y1, x2, y2 = xa + _BOX_W / 2, ya + _BOX_H / 2, xb + _BOX_W / 2, yb + _BOX_H / 2
-        bend = _GAP_X + abs(y2 - y1) / 8
-        return f"M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1:.1f} {x2 + bend:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
-    points = [(xa, ya + _BOX_H)]
-    for d in lane:
-        xd, yd = pos[d]
-        points += [(xd, yd), (xd, yd + _BOX_H)]
-    points.append((xb, yb))
-    parts = [f"M{points[0][0]:.1f},{points[0][1]:.1f}"]
-    for i in range(1, len(points)):
-        (x1, y1), (x2, y2) = points[i - 1], points[i]
-        if i % 2 == 1:  # between layers: an S-curve
-            c = max((y2 - y1) / 2, 8.0)
-            parts.append(f"C{x1:.1f},{y1 + c:.1f} {x2:.1f},{y2 - c:.1f} {x2:.1f},{y2:.1f}")
-        else:  # through a lane dummy: straight down
-            parts.append(f"L{x2:.1f},{y2:.1f}")
-    return " ".join(parts)
-
-
-def _place(keys: list[str], want: dict[str, float | None], x: dict[str, float], width: dict[str, float]) -> None:
-    """Set the centre ``x`` of ``keys`` (one layer): each at its wanted position where possible, in the order of
-    the wishes, at least a gap apart; keys without a wish go right of everything placed so far."""
-    free = max((x[k] + width[k] / 2 for k in x), default=0.0) + _GAP_X
-    wished = []
-    for i, k in enumerate(keys):
-        w = want.get(k)
-        if w is None:
-            w = free + width[k] / 2
-            free += width[k] + _GAP_X
-        wished.append((w, i, k))
-    wished.sort()
-    edge = None
-    for w, _, k in wished:
-        pos = w if edge is None else max(w, edge + _GAP_X + width[k] / 2)
-        x[k] = pos
-        edge = pos + width[k] / 2
-
-
-def _tensor_brief(model: Model, name: str) -> str:
-    dt = model.get_tensor_datatype(name).name if model.has_tensor_datatype(name) else ""
-    shape = _shape_text(model, name)
-    return " ".join(x for x in (dt, shape) if x)
-
-
-def _shape_text(model: Model, name: str) -> str:
-    try:
-        shape = model.get_tensor_shape(name)
-    except Exception:  # noqa: BLE001 - a picture of a broken graph still draws
-        return ""
-    return "" if shape is None else "×".join("?" if d is None else str(d) for d in shape)
-
-
-def _tensor_line(model: Model, name: str) -> str:
-    extra = _tensor_brief(model, name)
-    const = " (constant)" if model.is_initializer(name) else ""
-    return f"{name}{' ' + extra if extra else ''}{const}"
 
 
 # -- report data ---------------------------------------------------------------------------------------------------
@@ -351,6 +100,8 @@ class VerificationResult:
     failure: dict[str, Any] | None = None
     final: Any = None
     seconds: float = 0.0
+    #: what the user should know about the reference data (an input range that is a guess), said once
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool | None:
@@ -368,6 +119,7 @@ class VerificationResult:
             lines = [head + "FAILED", f"  {self.failure['message']}"]
         else:
             lines = [head + "OK"]
+        lines += [f"  WARNING: {w}" for w in self.warnings]
         if self.mode == "each":
             ties = sum(c.near_ties for c in self.checks)
             lines.append(f"  {sum(1 for c in self.checks if c.ok)} per-pass checks passed, {ties} float32 "
@@ -386,7 +138,7 @@ class VerificationResult:
                                   "max_error64": o.max_error64, "unit": o.unit} for o in self.final.outputs],
                      "near_tie_sites": [s.describe() for s in self.final.tie_sites]}
         return {"mode": self.mode, "ok": self.ok, "reference": self.reference, "samples": self.samples,
-                "seconds": self.seconds,
+                "seconds": self.seconds, "warnings": list(self.warnings),
                 "checks": [vars(c) for c in self.checks], "failure": self.failure, "final": final}
 
 
@@ -412,6 +164,8 @@ class StreamlineReport:
     model: Model | None = None
     error: Exception | None = None
     output: str | None = None
+    #: where :meth:`save_html` last wrote the report
+    report_path: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -428,17 +182,45 @@ class StreamlineReport:
         if self.error is not None:
             raise self.error
 
+    # -- what the run achieved -------------------------------------------------------------------------------------
+    @property
+    def first_layer_on_float_input(self) -> list[str]:
+        """The layers that read a float graph input (``"MatMul 'name'"``): the model is not integer-only there."""
+        return list(self.float_nodes.input_layer) if self.float_nodes is not None else []
+
+    @property
+    def has_quantizers(self) -> bool:
+        """True if the original model has a quantizer (:data:`QUANTIZER_OPS`)."""
+        return any(op in QUANTIZER_OPS for op in self.ops_before)
+
+    @property
+    def integer_only(self) -> bool | None:
+        """True when no float node is left and no layer reads a float graph input (the output dequantization
+        aside); None when the float ops were not computed."""
+        if self.float_nodes is None:
+            return None
+        return not self.float_nodes.nodes and not self.float_nodes.input_layer
+
+    def strict_failures(self) -> list[str]:
+        """Why ``--strict`` fails this run: one line per reason (empty: it passes). See :data:`STRICT_CHECKS`."""
+        return [reason for check in STRICT_CHECKS for reason in check(self)]
+
     # -- text and JSON ---------------------------------------------------------------------------------------------
     def to_dict(self, *, pictures: bool = False) -> dict[str, Any]:
-        """The report as JSON-compatible data; with ``pictures`` the two SVGs too."""
+        """The report as JSON-compatible data; with ``pictures`` the two SVGs too. ``integer_only`` is the claim
+        of :attr:`integer_only`; ``float_ops_left`` the float report (its own ``integer_only`` allows a float
+        first layer, listed under ``input_layer``)."""
         data: dict[str, Any] = {
             "input": self.source, "output": self.output, "ok": self.ok, "stages": self.stages,
             "nodes_before": sum(self.ops_before.values()), "nodes_after": sum(self.ops_after.values()),
             "ops_before": self.ops_before, "ops_after": self.ops_after,
+            "integer_only": self.integer_only, "has_quantizers": self.has_quantizers,
+            "strict_failures": self.strict_failures(),
             "float_ops_left": None if self.float_nodes is None else self.float_nodes.to_dict(),
             "datatypes": self.datatypes,
             "cost_before": None if self.cost_before is None else self.cost_before.to_dict(),
             "cost_after": None if self.cost_after is None else self.cost_after.to_dict(),
+            "layers_after": [] if self.cost_after is None else [vars(c) for c in self.cost_after.layers],
             "seconds": {**self.seconds, "stages": self.stage_seconds},
             "passes": [vars(p) for p in self.passes],
             "verification": self.verification.to_dict(),
@@ -453,27 +235,52 @@ class StreamlineReport:
         return json.dumps(self.to_dict(**kwargs), indent=2, default=json_default)
 
     def text(self) -> str:
-        """The summary the CLI prints."""
-        lines = [f"stages: {', '.join(self.stages)}" + ("" if self.completed else " (stopped at a failing pass)")]
-        lines += _histogram_lines(self.ops_before, self.ops_after)
-        if self.float_nodes is not None:
-            fr = self.float_nodes
-            head = "float ops left: none (integer-only)" if fr.integer_only else \
-                f"float ops left: {len(fr.nodes)}"
-            lines.append(head)
+        """The summary the CLI prints: the sections of :data:`TEXT_SECTIONS`, in order."""
+        return "\n".join(line for section in TEXT_SECTIONS for line in section(self))
+
+    def _text_stages(self) -> list[str]:
+        return [f"stages: {', '.join(self.stages)}" + ("" if self.completed else " (stopped at a failing pass)")]
+
+    def _text_ops(self) -> list[str]:
+        return _histogram_lines(self.ops_before, self.ops_after)
+
+    def _text_float(self) -> list[str]:
+        fr = self.float_nodes
+        if fr is None:
+            return []
+        first = self.first_layer_on_float_input
+        if fr.nodes:
+            lines = [f"float ops left: {len(fr.nodes)}" + (" (not counting the first layer)" if first else "")]
             lines += [f"  {n.text()}" for n in fr.nodes]
-            if fr.dequantization:
-                lines.append(f"  output dequantization (float, allowed): {', '.join(fr.dequantization)}")
-        for kind in ("weights", "activations"):
-            hist = self.datatypes.get(kind) or {}
-            if hist:
-                lines.append(f"datatypes ({kind}): " + ", ".join(f"{k} x{v}" for k, v in hist.items()))
-        if self.cost_after is not None:
-            lines.append("cost: " + self.cost_after.text().splitlines()[0])
-        lines.append("time per stage: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.stage_seconds.items()))
-        lines.append("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items()))
-        lines.append(self.verification.text())
-        return "\n".join(lines)
+        elif first:
+            lines = ["float ops left: the first layer only (not integer-only)"]
+        else:
+            lines = ["float ops left: none (integer-only)"]
+        if first:
+            lines.append(f"  the first layer reads the float input: {', '.join(first)}; {INPUT_HINT}")
+        if fr.dequantization:
+            lines.append(f"  output dequantization (float, allowed): {', '.join(fr.dequantization)}")
+        if not self.has_quantizers:
+            lines.append("  the model has no quantizers (Quant, BipolarQuant, Trunc, QuantizeLinear): it is not a "
+                         "quantized network, there is nothing to make integer")
+        return lines
+
+    def _text_datatypes(self) -> list[str]:
+        return [f"datatypes ({kind}): " + ", ".join(f"{k} x{v}" for k, v in hist.items())
+                for kind in ("weights", "activations") if (hist := self.datatypes.get(kind))]
+
+    def _text_cost(self) -> list[str]:
+        return [] if self.cost_after is None else ["cost: " + self.cost_after.text().splitlines()[0]]
+
+    def _text_time(self) -> list[str]:
+        return ["time per stage: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.stage_seconds.items()),
+                "time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items())]
+
+    def _text_verification(self) -> list[str]:
+        return self.verification.text().splitlines()
+
+    def _text_output(self) -> list[str]:
+        return [f"report: {self.report_path}"] if self.report_path else []
 
     # -- HTML ------------------------------------------------------------------------------------------------------
     def svg_before(self) -> str:
@@ -486,25 +293,41 @@ class StreamlineReport:
         """The report as an HTML fragment (styles scoped to it), for embedding and notebooks."""
         v = self.verification
         status = {True: ("ok", "verified"), False: ("bad", "verification FAILED"), None: ("off", "not verified")}[v.ok]
+        claim = {True: ("ok", "integer-only"), False: ("bad", "not integer-only"), None: ("off", "")}[
+            self.integer_only]
         parts = [f"<div class='fl-report'><style>{_CSS}</style>",
-                 f"<h1>finnlite streamline report <span class='fl-badge fl-{status[0]}'>{status[1]}</span></h1>",
+                 f"<h1>finnlite streamline report <span class='fl-badge fl-{status[0]}'>{status[1]}</span>"
+                 + (f" <span class='fl-badge fl-{claim[0]}'>{claim[1]}</span>" if claim[1] else "") + "</h1>",
                  f"<p>{_esc(self.source or 'model')}{' → ' + _esc(self.output) if self.output else ''}<br>"
                  f"stages: {_esc(', '.join(self.stages))}"
                  f"{'' if self.completed else ' <b>(stopped at a failing pass)</b>'}; "
                  f"nodes {sum(self.ops_before.values())} → {sum(self.ops_after.values())}</p>"]
-        parts.append("<h2>Op histogram</h2>" + _histogram_html(self.ops_before, self.ops_after))
         parts.append("<h2>Verification</h2>" + _verification_html(v))
-        parts.append("<h2>Float ops left</h2>" + _float_html(self.float_nodes))
+        parts.append("<h2>Float ops left</h2>" + _float_html(self))
+        parts.append("<h2>Op histogram</h2>" + _histogram_html(self.ops_before, self.ops_after))
+        parts.append("<h2>Per-layer bit widths</h2>" + _widths_html(self))
         parts.append("<h2>Datatypes and inference cost</h2>" + _cost_html(self))
-        parts.append("<h2>Time per pass</h2>" + _timings_html(self))
-        parts.append("<h2>Graph</h2><div class='fl-pictures'>"
-                     f"<div class='fl-picture'><h3>before ({self._count(self.picture_before)} nodes)</h3>"
-                     f"<div class='fl-scroll'>{self.svg_before()}</div></div>"
-                     f"<div class='fl-picture'><h3>after ({self._count(self.picture_after)} nodes)</h3>"
-                     f"<div class='fl-scroll'>{self.svg_after()}</div></div></div>"
-                     "<p class='fl-note'>Hover over a node for its name, tensors, shapes and datatypes.</p>")
-        parts.append("</div>")
+        parts.append("<h2>Passes</h2>" + _timings_html(self))
+        parts.append("<h2>Graph</h2>" + self._graphs_html())
+        parts.append(f"<script>{ZOOM_SCRIPT}</script></div>")
         return "".join(parts)
+
+    def _graphs_html(self) -> str:
+        after = self.picture_after
+        counts = after.counts() if after is not None else None
+        ringed = sum((counts or {}).get(k, 0) for k in ("float-left", "first-layer", "failing"))
+        pictures = "".join(
+            f"<div class='fl-picture'><h3>{label} ({self._count(pic)} nodes)</h3>"
+            f"{zoomable(svg, label, ringed if label == 'after' else 0) if pic is not None else '<p>not drawn</p>'}"
+            "</div>" for label, pic, svg in (("before", self.picture_before, self.svg_before()),
+                                             ("after", after, self.svg_after())))
+        note = (f"<p>{ringed} node(s) of the graph after are ringed: float nodes left, the first layer on a float "
+                "input, or where verification failed.</p>" if ringed else "")
+        return (f"<div class='fl-legend-box'>{legend(counts)}</div>{note}<div class='fl-pictures'>{pictures}</div>"
+                "<p class='fl-note'>Colours follow the datatypes of each node's outputs (annotated, or derived as "
+                "qonnx derives them), not the op type. Hover over a node for its name, tensors, shapes and "
+                "datatypes. With scripts on: the mouse wheel zooms, dragging pans, the buttons fit the graph or step "
+                "through the ringed nodes.</p>")
 
     @staticmethod
     def _count(pic: GraphPicture | None) -> int | str:
@@ -517,11 +340,70 @@ class StreamlineReport:
                 f"<body>{self.html_fragment()}</body></html>\n")
 
     def save_html(self, path: str | Path) -> None:
-        """Write :meth:`to_html` to ``path``."""
+        """Write :meth:`to_html` to ``path`` (remembered as :attr:`report_path`)."""
         Path(path).write_text(self.to_html(), encoding="utf-8")
+        self.report_path = str(path)
 
     def _repr_html_(self) -> str:
         return self.html_fragment()
+
+    def __repr__(self) -> str:
+        state = {True: "verified", False: "verification FAILED", None: "not verified"}[self.verification.ok]
+        claim = {True: ", integer-only", False: ", not integer-only", None: ""}[self.integer_only]
+        return (f"<StreamlineReport {self.source or 'model'}: {sum(self.ops_before.values())} -> "
+                f"{sum(self.ops_after.values())} nodes, {state}{claim}>")
+
+
+#: the sections of :meth:`StreamlineReport.text`, in order (a section is a method returning its lines)
+TEXT_SECTIONS: tuple[Callable[[StreamlineReport], list[str]], ...] = (
+    StreamlineReport._text_stages, StreamlineReport._text_ops, StreamlineReport._text_float,
+    StreamlineReport._text_datatypes, StreamlineReport._text_cost, StreamlineReport._text_time,
+    StreamlineReport._text_verification, StreamlineReport._text_output)
+
+
+def _strict_float_nodes(report: StreamlineReport) -> list[str]:
+    fr = report.float_nodes
+    if fr is None or not fr.nodes:
+        return []
+    names = ", ".join(f"{n.op_type} '{n.name}'" for n in fr.nodes[:5]) + (" ..." if len(fr.nodes) > 5 else "")
+    return [f"{len(fr.nodes)} float op(s) left: {names}"]
+
+
+def _strict_first_layer(report: StreamlineReport) -> list[str]:
+    first = report.first_layer_on_float_input
+    return [f"the first layer reads the float input ({', '.join(first)}); {INPUT_HINT}"] if first else []
+
+
+def _strict_no_quantizers(report: StreamlineReport) -> list[str]:
+    return [] if report.has_quantizers else ["the model has no quantizers: it is not a quantized network"]
+
+
+def _strict_not_computed(report: StreamlineReport) -> list[str]:
+    return ["the float ops left were not computed"] if report.float_nodes is None else []
+
+
+#: the reasons ``--strict`` fails a run: each function returns its reasons (empty when the run passes it)
+STRICT_CHECKS: tuple[Callable[[StreamlineReport], list[str]], ...] = (
+    _strict_not_computed, _strict_float_nodes, _strict_first_layer, _strict_no_quantizers)
+
+
+def graph_marks(model: Model, float_nodes: Any, failure: dict[str, Any] | None) -> dict[str, str]:
+    """The marks of the picture of ``model`` (node name -> a key of :data:`finnlite.graphpic.MARKS`): the float
+    nodes left, the first layer on a float input, the output dequantization, and the node where verification
+    failed (the failing pass's node, or the producer of the tensor the final check names)."""
+    marks: dict[str, str] = {}
+    if float_nodes is not None:
+        marks.update((name, "dequant") for name in quoted_names(float_nodes.dequantization))
+        marks.update((name, "first-layer") for name in quoted_names(float_nodes.input_layer))
+        marks.update((n.name, "float-left") for n in float_nodes.nodes)
+    if failure:
+        node = failure.get("node")
+        if not node and failure.get("tensor"):
+            producer = model.find_producer(failure["tensor"])
+            node = producer.name if producer is not None else None
+        if node:
+            marks[node] = "failing"
+    return marks
 
 
 def json_default(value: Any) -> Any:
@@ -590,15 +472,43 @@ def _verification_html(v: VerificationResult) -> str:
     return "".join(out)
 
 
-def _float_html(fr: Any) -> str:
+def _float_html(report: StreamlineReport) -> str:
+    fr = report.float_nodes
     if fr is None:
         return "<p>not computed</p>"
-    out = ["<p>integer-only: no float node is left.</p>" if fr.integer_only else
-           f"<p><b>{len(fr.nodes)}</b> float node(s) left:</p><ul>"
-           + "".join(f"<li>{_esc(n.text())}</li>" for n in fr.nodes) + "</ul>"]
+    first = report.first_layer_on_float_input
+    out = []
+    if report.integer_only:
+        out.append("<p>integer-only: no float node is left.</p>")
+    if fr.nodes:
+        out.append(f"<p><b>{len(fr.nodes)}</b> float node(s) left:</p><ul>"
+                   + "".join(f"<li>{_esc(n.text())}</li>" for n in fr.nodes) + "</ul>")
+    if first:
+        out.append(f"<div class='fl-failure'><b>Not integer-only: the first layer reads the float input</b> "
+                   f"({_esc(', '.join(first))}). {_esc(INPUT_HINT[0].upper() + INPUT_HINT[1:])}.</div>")
     if fr.dequantization:
         out.append(f"<p>output dequantization (float, allowed): {_esc(', '.join(fr.dequantization))}</p>")
+    if not report.has_quantizers:
+        out.append("<div class='fl-failure'>The model has no quantizers: it is not a quantized network, there is "
+                   "nothing to make integer.</div>")
     return "".join(out)
+
+
+def _widths_html(report: StreamlineReport) -> str:
+    from finnlite.plots import layer_widths_chart
+
+    cost = report.cost_after
+    if cost is None or not cost.layers:
+        return "<p>no MAC layer</p>" if cost is not None else "<p>not computed</p>"
+    rows = "".join(f"<tr><td class='n'>{i + 1}</td><td>{_esc(c.node)}</td><td>{_esc(c.op_type)}</td>"
+                   f"<td>{_esc(c.weight_dt)}</td><td>{_esc(c.input_dt)}</td><td>{_esc(c.acc_dt)}</td>"
+                   f"<td>{_esc(c.finn_output_dt)}</td></tr>" for i, c in enumerate(cost.layers))
+    return (f"<div class='fl-chart-box'>{layer_widths_chart(cost)}</div>"
+            "<p class='fl-note'>The widths FINN builds each MAC layer with: the weights' and the input's datatypes, "
+            "the accumulator FINN's MinimizeAccumulatorWidth sizes from the weights and the input range, and the "
+            "output (the fused MultiThreshold's). A float width has no bar.</p>"
+            "<details><summary>table</summary><table class='fl-table'><tr><th>#</th><th>layer</th><th>op</th>"
+            f"<th>weight</th><th>input</th><th>accumulator</th><th>output</th></tr>{rows}</table></details>")
 
 
 def _cost_html(report: StreamlineReport) -> str:
@@ -615,14 +525,23 @@ def _cost_html(report: StreamlineReport) -> str:
 
 def _timings_html(report: StreamlineReport) -> str:
     top = max([p.seconds for p in report.passes] + [1e-9])
-    rows = "".join(f"<tr><td>{_esc(p.stage)}</td><td>{_esc(p.name)}</td><td class='n'>{p.runs}</td>"
-                   f"<td class='n'>{p.changed}</td><td class='n'>{'' if p.rewrites is None else p.rewrites}</td>"
-                   f"<td class='n'>{p.seconds:.3f}</td><td class='fl-bars'>{_bar(p.seconds, top, 'fl-after')}</td>"
-                   "</tr>" for p in report.passes)
+
+    def table(passes: list[PassTiming]) -> str:
+        rows = "".join(f"<tr><td>{_esc(p.stage)}</td><td>{_esc(p.name)}</td><td class='n'>{p.runs}</td>"
+                       f"<td class='n'>{p.changed}</td><td class='n'>{'' if p.rewrites is None else p.rewrites}</td>"
+                       f"<td class='n'>{p.seconds:.3f}</td><td class='fl-bars'>{_bar(p.seconds, top, 'fl-after')}"
+                       "</td></tr>" for p in passes)
+        return ("<table class='fl-table'><tr><th>stage</th><th>pass</th><th>runs</th><th>runs that changed</th>"
+                f"<th>rewrites</th><th>s</th><th></th></tr>{rows}</table>")
+
+    changed = [p for p in report.passes if p.changed]
+    idle = [p for p in report.passes if not p.changed]
     stages = ", ".join(f"{_esc(k)} {v:.2f} s" for k, v in report.stage_seconds.items())
     other = ", ".join(f"{_esc(k)} {v:.2f} s" for k, v in report.seconds.items())
-    return (f"<p>stages: {stages}<br>{other}</p><table class='fl-table'><tr><th>stage</th><th>pass</th><th>runs</th>"
-            f"<th>changed</th><th>rewrites</th><th>s</th><th></th></tr>{rows}</table>")
+    return (f"<p>stages: {stages}<br>{other}</p>"
+            f"<h3 class='fl-changed'>{len(changed)} pass(es) changed the graph</h3>{table(changed)}"
+            f"<details class='fl-idle'><summary>{len(idle)} pass(es) changed nothing</summary>{table(idle)}"
+            "</details>")
 
 
 _CSS = """
@@ -642,6 +561,9 @@ _CSS = """
 .fl-pictures{display:flex;gap:16px;align-items:flex-start}
 .fl-picture{flex:1 1 0;min-width:0}
 .fl-scroll{overflow:auto;max-height:85vh;border:1px solid #ddd;background:#fcfcfc}
+.fl-scroll.fl-pan{overflow:hidden;height:80vh;cursor:grab;touch-action:none}
+.fl-tools{margin:4px 0}.fl-tools button{margin-right:4px}.fl-hint{color:#666;font-size:12px;margin-left:6px}
+.fl-chart-box{overflow-x:auto}
 .fl-note{color:#666;font-size:12px}
 .fl-report pre{background:#f6f6f6;padding:6px}
 """

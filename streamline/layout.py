@@ -36,6 +36,8 @@ def _is_transpose(node: ir.Node | None, perm: tuple[int, ...] | None = None) -> 
 class ConvertToNHWC(Transformation):
     """Convert the graph to NHWC with at most one Transpose, NCHW→NHWC right after each 4-D NCHW graph input.
 
+    qonnx's name for the job: ConvertToChannelsLastAndClean (:attr:`aliases`).
+
     Pattern: the whole graph, once it has a 4-D tensor (a graph without any keeps its layout). Algebra: every
     tensor ``t`` of the NCHW graph is represented by a tensor ``u = t.transpose(p)`` with a known permutation ``p``
     (NHWC is ``p = (0, 2, 3, 1)``); a graph input gets its ``u`` from one inserted Transpose. Walking the nodes in
@@ -59,6 +61,7 @@ class ConvertToNHWC(Transformation):
     rank 4 or 2 that the walk touches is annotated with its ``tensor_layout``; new tensors copy the datatype of the
     tensor they permute."""
 
+    aliases = ("ConvertToChannelsLastAndClean",)
     pure_layout = True  # moves data only: verified by a structural proof (verify.layout_proof)
 
     def __init__(self) -> None:

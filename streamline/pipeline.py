@@ -52,8 +52,27 @@ from streamline.tidy import TIDY_PASSES, MakeNodeNamesUnique
 class RemoveDeadNodes(Transformation):
     """Remove nodes whose outputs nothing reads and initializers nothing reads (no constant folding)."""
 
+    aliases = ("RemoveUnusedNodes", "RemoveUnusedTensors")
+
     def apply(self, model: Any) -> bool:
         return model.cleanup(fold_constants=False)
+
+
+class _StagesPass(Transformation):
+    """Runs default stages as one pass (FINN's names for what a stage does; see :func:`default_stages`)."""
+
+    group = "stage"
+    stages: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.misses: list = []
+        self.rewrites = 0
+
+    def apply(self, model: Any) -> bool:
+        report = PassManager(select_stages(default_stages(), self.stages)).run(model)
+        self.misses = list(report.misses)
+        self.rewrites = sum(r.rewrites or 0 for r in report.records)
+        return any(r.changed for r in report.records)
 
 
 def streamline_passes() -> list:
@@ -80,6 +99,22 @@ def default_stages() -> list[Stage]:
         Stage("finalize", [SqueezeGlobalPoolOutput, LowerGlobalSum, InferDataTypes, RoundAndClipThresholds,
                            RemoveDeadNodes, InferDataTypes, MakeNodeNamesUnique]),
     ]
+
+
+@register_pass
+class ConvertQONNXtoFINN(_StagesPass):
+    """The tidy and convert stages as one pass: QONNX → FINN-ONNX (integer weights, MultiThreshold activations),
+    as FINN's transformation of this name."""
+
+    stages = ("tidy", "convert")
+
+
+@register_pass
+class Streamline(_StagesPass):
+    """The streamline stage as one pass: scales and biases moved and absorbed to a fixpoint, as FINN's
+    transformation of this name."""
+
+    stages = ("streamline",)
 
 
 def stage_names() -> list[str]:

@@ -40,6 +40,8 @@ class MakeNodeNamesUnique(Transformation):
     first, so that the nodes rewrites derive from distinct names get distinct names, and last, so that the result
     loads in onnxruntime and FINN. Changes names only."""
 
+    aliases = ("GiveUniqueNodeNames",)
+
     def apply(self, model: Any) -> bool:
         return model.make_node_names_unique()
 
@@ -143,6 +145,8 @@ class GemmToMatMul(Rule):
         model.graph.insert_after(node, new_nodes)
         if y.shape is not None:
             cur.shape = y.shape
+        if y.dtype is not None:
+            cur.dtype = y.dtype  # a value with a shape and no element type is not serialized as qonnx wants it
         model.replace_uses(y, cur)
         model.remove_node(node)
 

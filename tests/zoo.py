@@ -34,7 +34,8 @@ def zoo_available() -> bool:
 def require_zoo() -> Path:
     """The zoo directory, or skip the calling test with the reason."""
     if not zoo_available():
-        pytest.skip(f"model zoo not found at {zoo_dir()} (set FINNLITE_ZOO to its directory)")
+        pytest.skip("model zoo not found (set FINNLITE_ZOO to its directory; the default is ../shared/zoo beside the "
+                    "checkout)")
     return zoo_dir()
 
 
@@ -53,7 +54,7 @@ def zoo_model_path(name: str) -> Path:
     """The .onnx file of zoo model ``name`` (skips the test if the zoo or the file is absent)."""
     path = require_zoo() / manifest()[name]["file"]
     if not path.is_file():
-        pytest.skip(f"zoo model file {path} not found")
+        pytest.skip(f"zoo model file {path.name} not found in FINNLITE_ZOO")
     return path
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -19,7 +19,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from finnlite.core.compat import IR_VERSION, fix_ir_version
-from finnlite.core.errors import ModelLoadError
+from finnlite.core.errors import ConfigError, ModelLoadError
 from finnlite.core.ops import is_standard_domain
 from finnlite.core.tensors import DepthwiseWeight
 
@@ -112,9 +112,28 @@ def load_proto(source: Any) -> tuple[onnx.ModelProto, str | None]:
 
 
 def to_proto(model: ir.Model) -> onnx.ModelProto:
-    """Serialize an ``onnx_ir`` model, with an IR version onnxruntime accepts."""
+    """Serialize an ``onnx_ir`` model, with an IR version onnxruntime accepts and the value infos qonnx and onnx's
+    shape inference accept (:func:`_clean_value_info`)."""
     proto = ir.serde.serialize_model(model)
+    _clean_value_info(proto.graph)
     return fix_ir_version(proto, IR_VERSION)
+
+
+def _clean_value_info(graph: onnx.GraphProto) -> None:
+    """Keep one ``value_info`` per tensor, with a type, and none for a graph input or output (those carry their
+    own): onnx_ir writes a bare entry for a value that has a shape but no element type, and onnx's shape
+    inference (qonnx's ``InferShapes``) then finds two entries for that tensor ("Multiple ValueInfoProto")."""
+    io_names = {v.name for v in graph.input} | {v.name for v in graph.output}
+    seen: set[str] = set()
+    keep = []
+    for vi in graph.value_info:
+        if vi.name in io_names or vi.name in seen or not vi.type.HasField("tensor_type"):
+            continue
+        seen.add(vi.name)
+        keep.append(vi)
+    if len(keep) != len(graph.value_info):
+        del graph.value_info[:]
+        graph.value_info.extend(keep)
 
 
 def _to_external(proto: onnx.ModelProto, data_name: str, data_tmp: str) -> None:
@@ -146,17 +165,63 @@ def _raw_everywhere(proto: onnx.ModelProto) -> None:
             proto.graph.initializer[i].CopyFrom(onnx.numpy_helper.from_array(arr, tensor.name))
 
 
-def check_output_path(path: str | os.PathLike, *, source: str | os.PathLike | None = None) -> None:
-    """Raise :class:`ModelLoadError` naming ``path`` if a model cannot be written there: its folder does not exist,
-    it is a directory, or it is the file ``source`` (the input model, however spelled or linked: it is never
-    overwritten). Run it before a long computation whose result goes to ``path``."""
+def check_output_path(path: str | os.PathLike, *, source: str | os.PathLike | None = None,
+                      what: str = "output") -> None:
+    """Raise :class:`ModelLoadError` naming ``path`` if a file cannot be written there: its folder does not exist
+    or cannot be written to (a file is created and removed there, as the atomic save will), it is a directory, or
+    it is the file ``source`` (the input model, however spelled or linked: it is never overwritten). Run it before
+    a long computation whose result goes to ``path``; ``what`` names the file in the message."""
     path = Path(path)
     if source is not None and path.exists() and Path(source).exists() and os.path.samefile(path, source):
         raise ModelLoadError("refusing to overwrite the input model; choose another output path", file=str(path))
-    if not (path.parent if str(path.parent) else Path(".")).is_dir():
-        raise ModelLoadError("the output folder does not exist", file=str(path))
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ModelLoadError(f"the {what} folder does not exist", file=str(path))
     if path.is_dir():
-        raise ModelLoadError("the output path is a directory", file=str(path))
+        raise ModelLoadError(f"the {what} path is a directory", file=str(path))
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write to the {what} folder: {exc.strerror or exc}", file=str(path)) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+#: the name numpy gives an array saved without one (``np.savez(f, x)``)
+_UNNAMED = "arr_0"
+
+
+def check_input_names(path: str | os.PathLike, input_names: Sequence[str]) -> None:
+    """Raise :class:`ConfigError` naming ``path`` unless its arrays fit the model's inputs ``input_names``: a
+    ``.npy`` file (one array) for a single-input model, or an ``.npz`` file with one array per input, named after
+    it (for a single input also the unnamed ``arr_0``). The message names the expected names. Only the names are
+    read, not the arrays."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("input file not found", file=str(path))
+    try:
+        loaded = np.load(path, allow_pickle=False, mmap_mode="r")
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"cannot read the inputs: {' '.join(str(exc).split())}", file=str(path)) from None
+    expected = ", ".join(f"'{n}'" for n in input_names)
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        if len(input_names) != 1:
+            raise ConfigError(f"a .npy file holds one array, the model has {len(input_names)} inputs ({expected}): "
+                              "give a .npz file with one array per input, named after it", file=str(path))
+        return
+    with loaded:
+        keys = list(loaded.files)
+    if len(input_names) == 1 and keys == [_UNNAMED]:
+        return
+    unknown = [k for k in keys if k not in input_names]
+    missing = [n for n in input_names if n not in keys]
+    if unknown or missing:
+        quoted = lambda names: ", ".join(f"'{n}'" for n in names)  # noqa: E731
+        problem = (f"array {quoted(unknown)} is not an input of the model" if len(unknown) == 1 else
+                   f"arrays {quoted(unknown)} are not inputs of the model" if unknown else
+                   f"no array for input {quoted(missing)} (the arrays: {quoted(keys) or 'none'})")
+        raise ConfigError(f"{problem}; the model's inputs are {expected}: name each array after its input "
+                          f"(np.savez(file, {input_names[0]}=...))", file=str(path))
 
 
 def save_model(model: ir.Model, path: str | os.PathLike, *, external_data: bool | None = None) -> None:

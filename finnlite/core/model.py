@@ -559,6 +559,16 @@ class Model:
             self.cleanup()
         return self
 
+    def execute(self, inputs: Any, **options: Any) -> dict[str, np.ndarray]:
+        """Run the model on ``inputs`` ({input name: array}, or one array for a single-input model) with the
+        executor (the verification oracle, :class:`custom_ops.executor.Executor`; ``options`` go to it, e.g.
+        ``dtype=np.float64``) and return {output name: array}. A leading dim that is a multiple of the exported
+        batch runs a batch. (``import finnlite`` registers the executor; importing only ``finnlite.core`` does not.)
+        """
+        from finnlite.core.ops import executor_factory
+
+        return executor_factory()(self, **options).run(inputs)
+
     def analysis(self, analysis: Any) -> Any:
         """Run an analysis pass (instance, class or plain function of the model) and return its result."""
         if isinstance(analysis, type) and issubclass(analysis, AnalysisPass):

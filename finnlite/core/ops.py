@@ -20,6 +20,22 @@ CUSTOM_DOMAINS = ("qonnx.custom_op.general", "finn.custom_op.general", "onnx.bre
 STANDARD_DOMAINS = ("", "ai.onnx")
 
 _REGISTRY: dict[tuple[str, str], Any] = {}
+#: builds an executor for a model (``factory(model, **options)``); :mod:`custom_ops` registers its Executor
+_EXECUTOR: Any = None
+
+
+def register_executor(factory: Any) -> None:
+    """Make ``factory(model, **options)`` the executor :meth:`finnlite.Model.execute` uses (custom_ops does this
+    when imported; the core never imports it)."""
+    global _EXECUTOR
+    _EXECUTOR = factory
+
+
+def executor_factory() -> Any:
+    """The registered executor factory; an :class:`OpError` if none is (custom_ops was never imported)."""
+    if _EXECUTOR is None:
+        raise OpError("no executor is registered: import custom_ops (or use finnlite.Model, which does)")
+    return _EXECUTOR
 
 
 def register(cls: Any) -> Any:

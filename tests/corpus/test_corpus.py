@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.corpus.check import cache_dir, cached_entries, check_model, committed_entries, corpus_names
+from tests.corpus.check import cached_entries, check_model, committed_entries, corpus_names
 
 #: model -> why it does not pass yet (checked: an entry that passes makes its test fail)
 KNOWN_GAPS: dict[str, str] = {
@@ -57,8 +57,8 @@ _CACHED = cached_entries()
 @pytest.mark.parametrize("name,entry", _params(_CACHED) or [pytest.param(None, None, id="absent")])
 def test_cached_model(name: str | None, entry: dict | None) -> None:
     if entry is None:
-        pytest.skip(f"no corpus cache at {cache_dir()} (tests/corpus/export.py writes the models over 1 MB there; "
-                    "set FINNLITE_CORPUS)")
+        pytest.skip("no corpus cache in FINNLITE_CORPUS (default ~/.cache/finnlite/corpus; tests/corpus/export.py "
+                    "writes the models over 1 MB there)")
     _run(name, entry)
 
 

@@ -30,8 +30,8 @@ def corpus_path(name: str) -> Path:
     folder = Path(os.environ.get("FINNLITE_CORPUS", Path.home() / ".cache" / "finnlite" / "corpus"))
     path = folder / f"{name}.onnx"
     if not path.is_file():
-        pytest.skip(f"{path} not found: export it with '/work/side/venv/bin/python tests/corpus/export_imagenet.py' "
-                    "(torch + brevitas) or set FINNLITE_CORPUS to the folder holding it")
+        pytest.skip(f"{name}.onnx not found in FINNLITE_CORPUS (default ~/.cache/finnlite/corpus): export it with "
+                    "tests/corpus/export_imagenet.py in an environment with torch and brevitas")
     return path
 
 

@@ -47,7 +47,7 @@ def finn_python() -> Path:
                     "(tests/finn/setup_env.sh makes one)")
     path = Path(value)
     if not path.is_file():
-        pytest.skip(f"FINNLITE_FINN_PYTHON={value} does not exist (tests/finn/setup_env.sh makes it)")
+        pytest.skip("FINNLITE_FINN_PYTHON names no existing file (tests/finn/setup_env.sh makes the environment)")
     return path
 
 
@@ -202,7 +202,8 @@ def test_readme_finn_build(name: str, tmp_path: Path) -> None:
     """The README's FINN example, as it is: build_dataflow_cfg with finnlite's step up to the partitioning."""
     python = finn_python()
     if not zoo_available():
-        pytest.skip(f"model zoo not found at {zoo_dir()} (set FINNLITE_ZOO to its directory)")
+        pytest.skip("model zoo not found (set FINNLITE_ZOO to its directory; the default is ../shared/zoo beside the "
+                    "checkout)")
     folder = tmp_path / name
     folder.mkdir()
     shutil.copy(zoo_dir() / manifest()[name]["file"], folder / "model_qonnx.onnx")

@@ -39,6 +39,9 @@ FINN_NAMES = {
     "ExtractBiasFromConv": "ConvBiasToAdd", "FoldTransposeIntoQuantInit": "FoldTransposeIntoQuantInit",
     "QCDQToQuant": "QCDQToQuant", "MoveLinearPastEltwiseAdd": "MoveLinearPastEltwiseAdd",
     "MoveScalarLinearPastInvariants": "MoveScalarLinearPastInvariants",
+    "GiveUniqueNodeNames": "MakeNodeNamesUnique", "RemoveUnusedNodes": "RemoveDeadNodes",
+    "RemoveUnusedTensors": "RemoveDeadNodes", "ConvertToChannelsLastAndClean": "ConvertToNHWC",
+    "ConvertQONNXtoFINN": "ConvertQONNXtoFINN", "Streamline": "Streamline",  # the stages, as one pass each
 }
 
 
@@ -51,3 +54,21 @@ def test_aliases_are_exactly_the_finn_names_finnlite_spells_differently() -> Non
     ours = {k: v for k, v in list_aliases().items() if get_pass(v).__module__.startswith("streamline.")}
     assert ours == {k: v for k, v in sorted(FINN_NAMES.items()) if k != v}
     assert not set(list_aliases()) & {p.name for p in list_passes()}
+
+
+@pytest.mark.parametrize("name,stages", [("ConvertQONNXtoFINN", ("tidy", "convert")), ("Streamline", ("streamline",))])
+def test_a_stage_name_runs_the_stage(name: str, stages: tuple[str, ...]) -> None:
+    """FINN's names for whole stages run those stages: the same graph as the stages run by the pass manager."""
+    from finnlite.core.model import Model
+    from finnlite.core.passes import PassManager, fingerprint
+    from finnlite.examples import build_tfc
+    from streamline.pipeline import default_stages, select_stages
+
+    by_alias, by_stages = Model(build_tfc()), Model(build_tfc())
+    if name == "Streamline":  # the streamline stage takes a converted model
+        for m in (by_alias, by_stages):
+            m.transform(get_pass("ConvertQONNXtoFINN")())
+    assert by_alias.transform(get_pass(name)()) is by_alias
+    PassManager(select_stages(default_stages(), stages)).run(by_stages)
+    assert fingerprint(by_alias) == fingerprint(by_stages)
+    assert by_alias.op_histogram() != Model(build_tfc()).op_histogram()

@@ -288,6 +288,7 @@ def _float_cnn() -> onnx.ModelProto:
 
 
 def _quantize_static(proto: onnx.ModelProto, tmp_path, per_channel: bool, activation: str) -> onnx.ModelProto:
+    pytest.importorskip("sympy", reason="onnxruntime's quantize_static needs sympy (not a finnlite dependency)")
     quantization = pytest.importorskip("onnxruntime.quantization")
     src, dst = tmp_path / "float.onnx", tmp_path / "qdq.onnx"
     onnx.save(proto, src)

@@ -46,3 +46,34 @@ def bad_config(tmp_path: Path) -> Path:
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("passes:\n  - pass: bad_rules:ShiftThresholds\n    stage: finalize\n", encoding="utf-8")
     return cfg
+
+
+def float_input_model() -> "onnx.ModelProto":
+    """``tests.robustness.badmodels.good_model`` without its input quantizer: the first MatMul reads the float
+    input (as MobileNet-v1 and ResNet-18 exports do)."""
+    from tests.robustness.badmodels import good_model
+
+    model = good_model()
+    keep = [n for n in model.graph.node if n.name != "in_quant"]
+    for n in keep:
+        for i, name in enumerate(n.input):
+            if name == "x_q":
+                n.input[i] = "x"
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return model
+
+
+def unquantized_model() -> "onnx.ModelProto":
+    """A float network without any quantizer: ``x[1, 8] → MatMul(W) → Relu → y``."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from finnlite.core.compat import make_model
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+                               helper.make_node("Relu", ["h"], ["y"], name="relu")], "float_net",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], initializer=[w])
+    return make_model(graph)

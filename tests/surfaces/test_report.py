@@ -27,13 +27,22 @@ def report() -> StreamlineReport:
     return streamline(Model(build_tfc()), verify="each")
 
 
-def _svgs(html: str) -> list[ET.Element]:
-    found = re.findall(r"<svg\b.*?</svg>", html, re.S)
-    return [ET.fromstring(s) for s in found]  # well-formed XML, or this raises
+def _svgs(html: str, cls: str = "fl-graph") -> list[ET.Element]:
+    """The SVG elements of class ``cls`` in ``html`` (the two graph pictures by default)."""
+    found = [ET.fromstring(s) for s in re.findall(r"<svg\b.*?</svg>", html, re.S)]  # well-formed XML, or this raises
+    return [s for s in found if s.get("class") == cls]
+
+
+def _classes(el: ET.Element) -> list[str]:
+    return (el.get("class") or "").split()
+
+
+def _node_groups(svg: ET.Element) -> list[ET.Element]:
+    return [g for g in svg.iter(f"{SVG_NS}g") if "fl-node" in _classes(g)]
 
 
 def _box_titles(svg: ET.Element) -> list[str]:
-    return [g.findall(f"{SVG_NS}text")[0].text for g in svg.iter(f"{SVG_NS}g") if g.get("class") == "fl-node"]
+    return [g.findall(f"{SVG_NS}text")[0].text for g in _node_groups(svg)]
 
 
 def test_the_data(report: StreamlineReport) -> None:
@@ -65,8 +74,9 @@ def test_the_html_is_self_contained_with_both_pictures(report: StreamlineReport,
     report.save_html(path)
     html = path.read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
-    external = r"<script|<link|<img|<iframe|@import|\bsrc=|href=['\"]?(https?:|//)|url\((?!#)"  # url(#id): the arrow
-    assert not re.search(external, html, re.I)
+    external = r"<link|<img|<iframe|@import|\bsrc=|href=['\"]?(https?:|//)|url\((?!#)|fetch\(|XMLHttpRequest|import\("
+    assert not re.search(external, html, re.I)  # url(#id): the arrow marker; the one script is inline
+    assert html.count("<script>") == 1 and "<script " not in html
     before, after = _svgs(html)
     titles_before, titles_after = _box_titles(before), _box_titles(after)
     assert titles_before.count("Quant") == 8 and titles_before.count("Gemm") == 4
@@ -76,7 +86,7 @@ def test_the_html_is_self_contained_with_both_pictures(report: StreamlineReport,
     # op histogram, timings, verification per pass
     assert "<h2>Op histogram</h2>" in html and re.search(r"<td>Quant</td><td class='n'>8</td><td class='n'>0</td>",
                                                          html)
-    assert "<h2>Time per pass</h2>" in html and "<td>MaterializeThresholds</td>" in html
+    assert "<h2>Passes</h2>" in html and "<td>MaterializeThresholds</td>" in html
     assert "Per-pass checks" in html and html.count("<td>ok</td>") == len(report.verification.checks)
     assert "Final check against the original" in html and "verified</span>" in html
     assert report._repr_html_() == report.html_fragment() and report.html_fragment() in html
@@ -172,3 +182,71 @@ def test_the_per_pass_checks_are_counted() -> None:
     assert "2 per-pass checks passed, 1 float32 near-tie(s) accepted" in result.text()
     alone = VerificationResult("each", checks=[CheckRow("C", "s", 1, "equality", 1, 1, 0, 0.01)])
     assert "1 per-pass checks passed, 0 float32" in alone.text()
+
+
+# -- the report at scale: legend, colours by datatype, ringed nodes, zoom, passes, bit widths ----------------------
+def _graph_nodes(svg: ET.Element) -> dict[str, list[str]]:
+    """node name -> the classes of its group."""
+    return {g.get("data-name"): _classes(g) for g in _node_groups(svg)}
+
+
+def test_the_report_legend_rings_and_zoomable_view_box() -> None:
+    from finnlite.graphpic import KINDS, MARKS
+    from tests.surfaces.conftest import float_input_model
+
+    rep = streamline(Model(float_input_model()))
+    html = rep.to_html()
+    legend, = _svgs(html, "fl-legend")
+    texts = [t.text for t in legend.iter(f"{SVG_NS}text")]
+    for _, _, label in [*KINDS.values(), *MARKS.values()]:
+        assert any(t.startswith(label) for t in texts), label
+    assert any(t.startswith(MARKS["first-layer"][2]) and t.endswith("(1 after)") for t in texts)
+    before, after = _svgs(html)
+    for svg in (before, after):  # a zoomable viewBox: the whole picture, at its natural size
+        box = [float(v) for v in svg.get("viewBox").split()]
+        assert box == [0, 0, float(svg.get("width")), float(svg.get("height"))] and box[3] > 0
+    nodes = _graph_nodes(after)
+    # the first layer reads the float input: float, ringed (with a ring that keeps its width when zoomed out)
+    assert {"fl-float", "fl-hl", "fl-mark-first-layer"} <= set(nodes["fc1"])
+    ring = next(g for g in _node_groups(after) if g.get("data-name") == "fc1").find(f"{SVG_NS}rect")
+    assert ring.get("class") == "fl-ring" and ring.get("vector-effect") == "non-scaling-stroke"
+    # colours follow the datatypes, not the op type: the thresholds and the second MatMul compute integers,
+    # the output Mul (the dequantization, allowed) is float, dashed, not ringed
+    assert "fl-int" in nodes[next(n for n in nodes if "MultiThreshold" in n or n.startswith("act"))]
+    assert "fl-int" in nodes["fc2"]
+    mul = next(n for n, c in nodes.items() if "fl-mark-dequant" in c)
+    assert "fl-float" in nodes[mul] and "fl-hl" not in nodes[mul]
+    assert sum("fl-hl" in c for c in nodes.values()) == 1
+    # before: a quantizer's output is a scaled integer, a weight quantizer a constant
+    before_nodes = _graph_nodes(before)
+    assert "fl-scaled" in before_nodes["act_quant"] and "fl-const" in before_nodes["w1_quant"]
+    assert not any("fl-hl" in c for c in before_nodes.values())
+    # the zoom: a pane per picture, the inline script that moves the viewBox, a button through the ringed nodes
+    assert html.count("class='fl-zoom'") == 2 and "setAttribute('viewBox'" in html
+    assert "next ringed node (1)" in html
+
+
+def test_a_failing_node_is_ringed_black(tmp_path: Path) -> None:
+    (tmp_path / "bad_rules.py").write_text((HERE / "bad_rules.py").read_text(encoding="utf-8"), encoding="utf-8")
+    cfg = Config.from_dict({"passes": [{"pass": "bad_rules:ShiftThresholds", "stage": "streamline"}]},
+                           base_dir=tmp_path)
+    rep = streamline(Model(build_tfc()), cfg, verify="each")
+    failing = rep.verification.failure["node"]
+    _, after = _svgs(rep.to_html())
+    assert failing and {"fl-mark-failing", "fl-hl"} <= set(_graph_nodes(after)[failing])
+
+
+def test_the_passes_that_changed_come_first_and_the_bit_widths_are_drawn(report: StreamlineReport) -> None:
+    html = report.to_html()
+    changed = html.index("class='fl-changed'")
+    idle = html.index("<details class='fl-idle'>")
+    assert changed < idle
+    table = html[changed:idle]
+    assert all(f"<td>{p.name}</td>" in table for p in report.passes if p.changed)
+    assert f"{sum(1 for p in report.passes if not p.changed)} pass(es) changed nothing" in html
+    chart, = _svgs(html, "fl-chart")
+    bars = [r for r in chart.iter(f"{SVG_NS}rect") if r.get("class") == "fl-chart-bar"]
+    assert len(bars) == 4 * len(report.cost_after.layers)  # weight, input, accumulator, output of each layer
+    tips = [r.find(f"{SVG_NS}title").text for r in bars]
+    first = report.cost_after.layers[0]
+    assert any(t.startswith(f"{first.node}: accumulator {int(first.acc_dt[3:])}") for t in tips)
