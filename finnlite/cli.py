@@ -2,8 +2,9 @@
 
 * ``finnlite streamline IN.onnx -o OUT.onnx [--config cfg.yaml] [--verify off|final|each] [--inputs x.npz]
   [--input-range LO HI] [--input-datatype UINT8 --input-scale 1/255 --mean M.. --std S..] [--report report.html]
-  [--json]`` runs the default pipeline (as configured), verifies the
+  [--json] [--strict]`` runs the default pipeline (as configured), verifies the
   result (default: every pass, then the final check against the original), writes the model and prints a summary;
+  a rewrite that fails its check is undone and declined, and listed (``--strict``: exit 1 if any);
 * ``finnlite info MODEL`` prints the op histogram, datatypes, the per-layer widths FINN sizes each MAC layer with
   (weight, input, accumulator, output) and the inference cost;
 * ``finnlite passes`` lists the default stages and the registered passes;
@@ -98,7 +99,10 @@ def cmd_streamline(args: argparse.Namespace) -> int:
         print(f"finnlite streamline: {inp} -> {written if written else '(nothing written)'}")
         print(report.text())
     if report.ok:
-        return 0
+        reasons = report.strict_reasons() if args.strict else []
+        for reason in reasons:
+            print(f"finnlite: strict: {reason}", file=sys.stderr)
+        return 1 if reasons else 0
     print(f"finnlite: error: {report.error}", file=sys.stderr)
     if report.completed:
         again = f" --config {args.config}" if args.config else ""
@@ -218,14 +222,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
         result = boundary_check(reference, candidate, plan, float_rtol=args.float_rtol, float64="mismatch")
     else:
         result = final_check(reference, candidate, float_rtol=args.float_rtol, float64="mismatch")
-    if args.json:
-        from finnlite.report import VerificationResult
+    from finnlite.report import VerificationResult
 
-        data = VerificationResult("final", described, reference.num_samples, final=result).to_dict()
-        _emit_json({"reference_model": args.reference, "model": args.model, **data})
+    verdict = VerificationResult("final", described, reference.num_samples, final=result,
+                                 assumed=dict(getattr(reference, "assumed", None) or {}))
+    if args.json:
+        _emit_json({"reference_model": args.reference, "model": args.model, **verdict.to_dict()})
     else:
         print(f"finnlite verify: {args.model} against {args.reference}; reference data: {described}")
         print(result.summary())
+        if verdict.ok and verdict.assumed:
+            print(f"{verdict.status}; WARNING: {verdict.assumed_hint()}")
     if result.ok:
         return 0
     try:
@@ -336,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", nargs="+", metavar="STAGE", help="run only these stages (in pipeline order)")
     p.add_argument("--report", metavar="REPORT.html", help="write an HTML report (histograms, graphs, timings)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (only JSON on stdout)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when the result is not all it should be (the reasons are listed): a rewrite "
+                        "declined by verification")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=cmd_streamline)
 
