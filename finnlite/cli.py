@@ -214,7 +214,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     original, candidate = Model(args.reference), Model(args.model)
     reference, described = make_reference(original, Config(), inputs=args.inputs, input_range=args.input_range,
-                                          samples=args.samples, seed=args.seed, boundary=args.boundary or None)
+                                          samples=args.samples, seed=args.seed, boundary=args.boundary)
     plan = getattr(reference, "boundary_plan", None)
     if plan is not None:
         from verify.boundary import boundary_check

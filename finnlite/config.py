@@ -17,7 +17,6 @@ put on ``sys.path`` so that a rules module beside the config can be imported::
       input_range: [0.0, 1.0]           # range of the random inputs (default: the input quantizer's range)
       inputs: reference.npz             # reference inputs instead of random ones (.npy, or .npz keyed by input)
       boundary: false                   # boundary-seeking samples: first-layer pre-activations on/next to thresholds
-                                        #   (default: on when no input quantizer or datatype gives the input range)
       tolerance: {rtol: 1.0e-5, rtol_max: 1.0e-4, atol: 0.0, steps: 0}   # default policy of passes declaring none
       near_ties: true                   # accept one-step differences at float32 near-ties
       near_tie_rtol: 1.0e-6
@@ -90,8 +89,8 @@ class VerificationConfig:
     near_tie_rtol: float | None = None
     float_rtol: float = 1e-5
     save_dir: Path | None = None
-    #: boundary-seeking reference samples (:mod:`verify.boundary`); None: when an input's range is assumed
-    boundary: bool | None = None
+    #: boundary-seeking reference samples (:mod:`verify.boundary`)
+    boundary: bool = False
 
     def policy(self) -> Any:
         """The default verification policy for passes that declare none (verify's default if not configured)."""
