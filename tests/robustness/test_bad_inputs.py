@@ -411,6 +411,7 @@ def double_w2(model):
 """
 
 
+@pytest.mark.declines
 def test_a_failing_pass_is_declined_and_strict_exits_1(tmp_path: Path) -> None:
     """A (user) pass that changes what the model computes, with per-pass checks (the default): the pass run is
     undone and declined, the model is written and the run exits 0, naming the pass; ``--strict`` exits 1."""

@@ -106,6 +106,7 @@ def _one_bad_rule(tmp_path: Path, rule: str = "ShiftOneThreshold", stage: str = 
     return cfg
 
 
+@pytest.mark.declines
 def test_a_rewrite_that_breaks_one_node_is_declined(example_path: Path, tmp_path: Path, cli) -> None:
     """A rule that is wrong at one node of four: the run heals (that rewrite is undone and declined, the three others
     stay), writes a verified model and exits 0, listing the declined rewrite with its failing tensor; ``--strict``
@@ -131,6 +132,7 @@ def test_a_rewrite_that_breaks_one_node_is_declined(example_path: Path, tmp_path
     assert "Traceback" not in res.stderr and (tmp_path / "strict.onnx").is_file()
 
 
+@pytest.mark.declines
 def test_a_wrong_rule_everywhere_is_declined_everywhere(example_path: Path, bad_config: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.onnx"
     res = run_cli(["streamline", example_path, "-o", out, "--config", bad_config, "--verify", "each"])

@@ -99,6 +99,7 @@ def test_a_failing_run_reports_the_pass(tmp_path: Path) -> None:
         rep.raise_for_errors()
 
 
+@pytest.mark.declines
 def test_declined_rewrites_are_reported(tmp_path: Path) -> None:
     """Healing (the default): the wrong rule's rewrites are declined, the report lists them (text, JSON, HTML) and
     the result verifies."""

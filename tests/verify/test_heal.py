@@ -64,6 +64,7 @@ def _outputs(model: Model, x: np.ndarray) -> np.ndarray:
     return next(iter(Executor(model.to_proto()).run({"x": x}).values()))
 
 
+@pytest.mark.declines
 @pytest.mark.parametrize("granularity", [None, "stage"])
 def test_the_bad_rewrite_is_declined_and_the_others_stay(granularity: str | None) -> None:
     model, original = relu_chain(), relu_chain()
@@ -81,6 +82,7 @@ def test_the_bad_rewrite_is_declined_and_the_others_stay(granularity: str | None
         assert any("declined by verification" in m.reason for m in manager.report.misses)
 
 
+@pytest.mark.declines
 def test_a_pass_that_is_not_a_rule_is_undone_and_not_run_again() -> None:
     model, original = relu_chain(2), relu_chain(2)
     hook = VerificationHook(ReferenceData.random(original, n=4, seed=1), heal=True)
