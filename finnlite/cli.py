@@ -4,8 +4,9 @@
   [--input-range LO HI] [--input-datatype UINT8 --input-scale 1/255 --mean M.. --std S..] [--report report.html]
   [--json] [--strict]`` runs the default pipeline (as configured), verifies the
   result (default: every pass, then the final check against the original), writes the model and prints a summary;
-  with ``--strict`` it exits 1 when the result is not integer-only or the model has no quantizers (the reasons are
-  :meth:`finnlite.report.StreamlineReport.strict_failures`; the verified model is still written);
+  with ``--strict`` it exits 1 when the result is not integer-only, the model has no quantizers or verification
+  declined a rewrite (the reasons are :meth:`finnlite.report.StreamlineReport.strict_failures`; the verified model
+  is still written); a rewrite that fails its check is undone and declined, and listed;
 * ``finnlite info MODEL`` prints the op histogram, datatypes, the per-layer widths FINN sizes each MAC layer with
   (weight, input, accumulator, output) and the inference cost;
 * ``finnlite passes`` lists the default stages and the registered passes;
@@ -251,14 +252,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
         result = boundary_check(reference, candidate, plan, float_rtol=args.float_rtol, float64="mismatch")
     else:
         result = final_check(reference, candidate, float_rtol=args.float_rtol, float64="mismatch")
-    if args.json:
-        from finnlite.report import VerificationResult
+    from finnlite.report import VerificationResult
 
-        data = VerificationResult("final", described, reference.num_samples, final=result).to_dict()
-        _emit_json({"reference_model": args.reference, "model": args.model, **data})
+    verdict = VerificationResult("final", described, reference.num_samples, final=result,
+                                 assumed=dict(getattr(reference, "assumed", None) or {}))
+    if args.json:
+        _emit_json({"reference_model": args.reference, "model": args.model, **verdict.to_dict()})
     else:
         print(f"finnlite verify: {args.model} against {args.reference}; reference data: {described}")
         print(result.summary())
+        if verdict.ok and verdict.assumed:
+            print(f"{verdict.status}; WARNING: {verdict.assumed_hint()}")
         print("OK" if result.ok else "FAILED")  # the verdict, one word on the last line
     if result.ok:
         return 0
@@ -371,8 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="REPORT.html", help="write an HTML report (histograms, graphs, timings)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (only JSON on stdout)")
     p.add_argument("--strict", action="store_true",
-                   help="exit 1 when the result is not integer-only (a float op left, a first layer on the float "
-                        "input) or the model has no quantizers")
+                   help="exit 1 when the result is not all it should be (the reasons are listed): not integer-only "
+                        "(a float op left, a first layer on the float input), no quantizers in the model, or a "
+                        "rewrite declined by verification")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     _verbose_option(p)
     p.set_defaults(func=cmd_streamline)

@@ -91,7 +91,10 @@ class CheckRow:
 @dataclass
 class VerificationResult:
     """How the run was verified: the mode, the reference data, the per-pass checks, the failure (if any) and the
-    final check against the original (``final`` is a :class:`verify.FinalCheck`)."""
+    final check against the original (``final`` is a :class:`verify.FinalCheck`). ``assumed``: the inputs whose
+    range no quantizer, datatype or option gave, with the range assumed for them (the result is then verified on
+    that range only); ``declined``: the rewrites verification undid (:class:`verify.heal.DeclinedRewrite`);
+    ``notes``: what else the run did to verify (a restart)."""
 
     mode: str
     reference: str | None = None
@@ -100,8 +103,31 @@ class VerificationResult:
     failure: dict[str, Any] | None = None
     final: Any = None
     seconds: float = 0.0
-    #: what the user should know about the reference data (an input range that is a guess), said once
-    warnings: list[str] = field(default_factory=list)
+    assumed: dict[str, tuple[float, float]] = field(default_factory=dict)
+    declined: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        """``off``, ``failed``, ``verified`` or ``verified on an assumed input range [a, b]``."""
+        if self.mode == "off":
+            return "off"
+        if not self.ok:
+            return "failed"
+        if self.assumed:
+            ranges = sorted({(lo, hi) for lo, hi in self.assumed.values()})
+            text = ", ".join(f"[{lo:g}, {hi:g}]" for lo, hi in ranges)
+            return f"verified on an assumed input range {text}"
+        return "verified"
+
+    def assumed_hint(self) -> str:
+        """What to give to be verified on the real input range (empty when nothing was assumed)."""
+        if not self.assumed:
+            return ""
+        names = ", ".join(f"'{k}'" for k in self.assumed)
+        return (f"no input quantizer or datatype gives the range of {names}: give the real range (--input-range LO "
+                "HI), real inputs (--inputs X.npz) or the input preprocessing (--input-datatype, --input-scale, "
+                "--mean, --std) to verify it on that")
 
     @property
     def ok(self) -> bool | None:
@@ -117,9 +143,16 @@ class VerificationResult:
         head = f"verification ({self.mode}; {self.reference}): "
         if self.failure is not None:
             lines = [head + "FAILED", f"  {self.failure['message']}"]
+        elif self.assumed and self.ok:
+            lines = [head + "OK, " + self.status, f"  WARNING: {self.assumed_hint()}"]
         else:
-            lines = [head + "OK"]
-        lines += [f"  WARNING: {w}" for w in self.warnings]
+            lines = [head + ("OK" if self.ok else "FAILED")]
+        for note in self.notes:
+            lines.append(f"  {note}")
+        if self.declined:
+            lines.append(f"  {len(self.declined)} rewrite(s) declined by verification (the model is correct without "
+                         "them, and less streamlined):")
+            lines += [f"    {d.describe()}" for d in self.declined]
         if self.mode == "each":
             ties = sum(c.near_ties for c in self.checks)
             lines.append(f"  {sum(1 for c in self.checks if c.ok)} per-pass checks passed, {ties} float32 "
@@ -137,8 +170,10 @@ class VerificationResult:
                                   "near_tie_samples": o.near_tie_samples, "error_samples": o.error_samples,
                                   "max_error64": o.max_error64, "unit": o.unit} for o in self.final.outputs],
                      "near_tie_sites": [s.describe() for s in self.final.tie_sites]}
-        return {"mode": self.mode, "ok": self.ok, "reference": self.reference, "samples": self.samples,
-                "seconds": self.seconds, "warnings": list(self.warnings),
+        return {"mode": self.mode, "ok": self.ok, "status": self.status, "reference": self.reference,
+                "samples": self.samples, "seconds": self.seconds,
+                "assumed_input_ranges": {k: list(v) for k, v in self.assumed.items()},
+                "declined_rewrites": [d.to_dict() for d in self.declined], "notes": list(self.notes),
                 "checks": [vars(c) for c in self.checks], "failure": self.failure, "final": final}
 
 
@@ -295,6 +330,8 @@ class StreamlineReport:
         status = {True: ("ok", "verified"), False: ("bad", "verification FAILED"), None: ("off", "not verified")}[v.ok]
         claim = {True: ("ok", "integer-only"), False: ("bad", "not integer-only"), None: ("off", "")}[
             self.integer_only]
+        if v.ok and (v.assumed or v.declined):
+            status = ("warn", v.status + (f", {len(v.declined)} rewrite(s) declined" if v.declined else ""))
         parts = [f"<div class='fl-report'><style>{_CSS}</style>",
                  f"<h1>finnlite streamline report <span class='fl-badge fl-{status[0]}'>{status[1]}</span>"
                  + (f" <span class='fl-badge fl-{claim[0]}'>{claim[1]}</span>" if claim[1] else "") + "</h1>",
@@ -378,13 +415,17 @@ def _strict_no_quantizers(report: StreamlineReport) -> list[str]:
     return [] if report.has_quantizers else ["the model has no quantizers: it is not a quantized network"]
 
 
+def _strict_declined(report: StreamlineReport) -> list[str]:
+    return [f"rewrite declined by verification: {d.describe()}" for d in report.verification.declined]
+
+
 def _strict_not_computed(report: StreamlineReport) -> list[str]:
     return ["the float ops left were not computed"] if report.float_nodes is None else []
 
 
 #: the reasons ``--strict`` fails a run: each function returns its reasons (empty when the run passes it)
 STRICT_CHECKS: tuple[Callable[[StreamlineReport], list[str]], ...] = (
-    _strict_not_computed, _strict_float_nodes, _strict_first_layer, _strict_no_quantizers)
+    _strict_not_computed, _strict_float_nodes, _strict_first_layer, _strict_no_quantizers, _strict_declined)
 
 
 def graph_marks(model: Model, float_nodes: Any, failure: dict[str, Any] | None) -> dict[str, str]:
@@ -443,6 +484,18 @@ def _verification_html(v: VerificationResult) -> str:
     if v.mode == "off":
         return "<p>Verification was off.</p>"
     out = [f"<p>mode <b>{_esc(v.mode)}</b>; reference data: {_esc(v.reference)}; {v.seconds:.2f} s</p>"]
+    if v.assumed:
+        out.append(f"<div class='fl-warning'>{_esc(v.status)}: {_esc(v.assumed_hint())}</div>")
+    for note in v.notes:
+        out.append(f"<p class='fl-note'>{_esc(note)}</p>")
+    if v.declined:
+        rows = "".join(f"<tr><td>{_esc(d.stage or '')}</td><td>{_esc(d.pass_name)}</td><td class='n'>"
+                       f"{d.iteration or ''}</td><td>{_esc(d.anchor)}</td><td>{_esc(d.match or '')}</td>"
+                       f"<td>{_esc(d.tensor or '')}</td><td>{_esc(d.message)}</td></tr>" for d in v.declined)
+        out.append(f"<h3>Rewrites declined by verification ({len(v.declined)})</h3><p>Each broke its pass's check; it "
+                   "was undone and not performed again, and the model is correct without it.</p><table "
+                   "class='fl-table'><tr><th>stage</th><th>pass</th><th>round</th><th>at node</th><th>matched</th>"
+                   f"<th>failing tensor</th><th>check</th></tr>{rows}</table>")
     if v.failure is not None:
         f = v.failure
         out.append(f"<div class='fl-failure'><b>{_esc(f.get('pass') or 'final check')}</b> failed"
@@ -558,6 +611,8 @@ _CSS = """
 .fl-before{background:#b9b9b9}.fl-after{background:#2764a8}
 .fl-key{display:inline-block;width:10px;height:10px}
 .fl-failure{background:#fbe4e4;border-left:4px solid #a83232;padding:6px 10px;margin:.5em 0}
+.fl-warning{background:#fdf3d8;border-left:4px solid #c77c02;padding:6px 10px;margin:.5em 0}
+.fl-warn{background:#fdf3d8;color:#7a4b00}
 .fl-pictures{display:flex;gap:16px;align-items:flex-start}
 .fl-picture{flex:1 1 0;min-width:0}
 .fl-scroll{overflow:auto;max-height:85vh;border:1px solid #ddd;background:#fcfcfc}

@@ -177,13 +177,13 @@ class FinalCheck:
         if self.float64_error is not None:
             raise VerificationError(f"final check: cannot run the original in float64 ({self.float64_error})")
         # the most precise first: a weight comparison, a proof or a false claim names the fault itself, and a wrong
-        # output dequantization explains outputs that differ
+        # output dequantization explains outputs that differ (after the weights: a wrong last layer shows there too)
+        for w in self.weight_issues:  # a proof: whatever else differs follows from it
+            raise VerificationError(f"final check: the weights differ from the original layer '{w.layer}': "
+                                    f"{w.message}", node=w.node, tensor=w.tensor)
         for t in self.tail_issues:
             if t.explains_levels:
                 raise VerificationError(f"final check: {t.message}", node=t.node, tensor=t.output)
-        for w in self.weight_issues:
-            raise VerificationError(f"final check: the weights differ from the original layer '{w.layer}': "
-                                    f"{w.message}", node=w.node, tensor=w.tensor)
         for p in self.proof_issues:
             raise VerificationError(f"final check: against the original quantizer '{p.quantizer}': {p.message}",
                                     node=p.node, tensor=p.tensor)
@@ -404,8 +404,9 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
         # when the proofs run every sample, their run gives the outputs (ReferenceData.outputs)
         original32 = threading.Thread(target=_quietly, args=(reference.outputs, np.float32), daemon=True)
         original32.start()
+    proved: set[str] = set()  # the streamlined layers whose weights are proved equal to the original's
     if proofs:
-        result.weight_issues = compare_weights(m, reference.original())
+        result.weight_issues = compare_weights(m, reference.original(), proved)
     # one run of the streamlined model per sample, every tensor: the annotations' values, the proofs' inputs and
     # the outputs (with the integer tensors before their tails)
     executor = executor_with_outputs(m, extra)
@@ -429,7 +430,7 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     if kept:
         try:
             result.proof_issues = prove_thresholds(m, reference, [kept[i] for i in sorted(kept)], sorted(kept),
-                                                   ranges=ranges, outputs64=outputs64)
+                                                   ranges=ranges, outputs64=outputs64, proved_layers=proved)
         except Exception as exc:  # noqa: BLE001 - a proof that cannot run proves nothing; the other checks stand
             log.warning("could not compare the thresholds with the original quantizers: %s", exc)
         kept.clear()

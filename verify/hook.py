@@ -13,6 +13,18 @@ naming the node and the channel). The checks run in this process, each one befor
 A stage declared with ``granularity="stage"`` (:class:`finnlite.core.passes.Stage`) is checked once, at its end, for
 everything its passes changed; if that check fails, its pass runs are replayed one by one from the last verified
 version, each checked on its own, so that the error names the first failing pass.
+
+A failing check first asks whether the pass is at fault: the cached values are the original's (an accepted near-tie
+keeps the original's value in the cache), so when the model *before* the pass already computes something else for
+the first diverging tensor, the difference is older than the pass. The error (:class:`InheritedDeviation`) then
+says so and names the earlier check that accepted near-ties on that tensor or upstream of it.
+
+With ``heal=True`` a failing pass does not stop the run: the rewrite that broke the check is found, undone and
+declined (:mod:`verify.heal`; the whole pass run for a pass that is not a Rule), the pass manager is told not to
+perform it again, and the run goes on; ``declined`` lists what was declined. An :class:`InheritedDeviation` is still
+raised (the earlier pass's rewrite is not at hand any more): :func:`finnlite.build.streamline` runs the pipeline
+again from the start with those near-ties rejected (``reject_ties``), so that the earlier pass's check fails and
+is healed in its turn.
 """
 
 from __future__ import annotations
@@ -31,20 +43,24 @@ import onnx_ir as ir
 
 from finnlite.core.errors import VerificationError
 from finnlite.core.model import Model, freeze
+from finnlite.core.passes import WHOLE_PASS, Rule
 from finnlite.core.policies import DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, resolve_policy
 from finnlite.core.tensors import content_crc, is_immutable
 from verify.clone import clone_model
+from verify.compare import compare_tensor, is_integer_tensor
 from verify.final import final_check
+from verify.heal import DeclinedRewrite, decline_bad_rewrites
 from verify.layout_proof import structural_outcome
 from verify.mt_proof import prove_changed_thresholds
 from verify.reference import ReferenceData
-from verify.region import structure_key
+from verify.region import ancestors, constant_tensors, run_nodes, structure_key
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, NearTie
 from verify.verifier import CheckOutcome, Verifier
 
 log = logging.getLogger(__name__)
 
-__all__ = ["VerificationHook", "PassVerificationError", "CheckRecord", "probe_samples", "PROBE_ELEMENTS"]
+__all__ = ["VerificationHook", "PassVerificationError", "InheritedDeviation", "CheckRecord", "probe_samples",
+           "PROBE_ELEMENTS"]
 
 Runs = list[tuple[Any, Policy, "int | None"]]
 
@@ -60,6 +76,18 @@ class PassVerificationError(VerificationError):
         self.pass_name, self.stage, self.iteration = pass_name, stage, iteration
         self.max_error, self.sample = max_error, sample
         self.before_path, self.after_path = before_path, after_path
+
+
+class InheritedDeviation(PassVerificationError):
+    """A check failed on a tensor that the model *before* the pass already computes differently from the original:
+    the pass is not at fault. ``checked_pass``: the pass whose check failed; ``pass_name``, ``stage``,
+    ``iteration``: the earlier check that accepted near-ties on that tensor or upstream of it (None if none did);
+    ``ties``: those near-ties."""
+
+    def __init__(self, message: str, *, checked_pass: str, ties: list[NearTie], **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.checked_pass = checked_pass
+        self.ties = ties
 
 
 @dataclass
@@ -132,11 +160,14 @@ class VerificationHook:
     MNIST digits). ``policy``: the default for passes and stages that declare none. ``save_dir``: where failing
     models are written (a new temporary folder by default, under ``$FINNLITE_VERIFY_DIR`` if set). After the run,
     ``records`` lists the checks and ``near_ties`` the accepted float32 near-ties; :meth:`final_check` compares the
-    result with the original on all reference samples."""
+    result with the original on all reference samples. ``heal``: undo and decline the rewrites that fail their
+    check instead of raising (module docstring; ``declined`` lists them); ``reject_ties``: near-ties, as
+    :func:`verify.verifier.tie_key` gives them, that no check accepts."""
 
     def __init__(self, reference: ReferenceData | None = None, *, samples: int | None = None,
                  policy: Policy = DEFAULT_POLICY, granularity: str = "pass", save_dir: str | Path | None = None,
-                 near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL) -> None:
+                 near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL, heal: bool = False,
+                 reject_ties: set[tuple[str, int, tuple[int, ...]]] | None = None) -> None:
         if granularity not in ("pass", "every-pass", "stage", "off"):
             raise ValueError(f"granularity must be 'pass', 'every-pass', 'stage' or 'off', not {granularity!r}")
         self.reference = reference
@@ -152,6 +183,14 @@ class VerificationHook:
         self._failures = 0
         self._structure: int | None = None  # structure_key of the last version checked
         self._copies: dict[int, tuple[Any, int, Any]] = {}  # frozen copies of writable initializers (_private_copy)
+        self.heal = heal
+        #: near-ties the checks must not accept (module docstring), as :func:`verify.verifier.tie_key` gives them
+        self.reject_ties = set(reject_ties or ())
+        #: what healing declined, in order
+        self.declined: list[DeclinedRewrite] = []
+        #: the (pass name, anchor) pairs the pass manager must not perform (its own set once a run starts)
+        self.declined_keys: set[tuple[str, str]] = set()
+        self.manager: Any = None
 
     # -- state -------------------------------------------------------------------------------------------------
     @property
@@ -176,6 +215,7 @@ class VerificationHook:
         ids = list(range(min(n, self.reference.num_samples)))
         self.verifier = Verifier(self._private_copy(model), self.reference, ids, near_tie_rtol=self.near_tie_rtol,
                                  private=True)
+        self.verifier.reject_ties = self.reject_ties
         self.setup_seconds += time.perf_counter() - t0
 
     def close(self) -> None:
@@ -186,11 +226,12 @@ class VerificationHook:
     # -- checking ----------------------------------------------------------------------------------------------
     def verify(self, model: Model, policy: Policy, *, label: str, pass_name: str, stage: str | None = None,
                iteration: int | None = None, changed: bool = True, runs: Runs | None = None,
-               structural: bool = False) -> None:
+               structural: bool = False, pass_obj: Any = None) -> None:
         """Check ``model`` against the last verified version and move on to it; raise
         :class:`PassVerificationError`. ``runs``: the pass runs a stage check covers (replayed on a failure).
         ``structural``: a pure layout pass, proved without running anything when :mod:`verify.layout_proof` can
-        decide (else sampled under ``policy``; the record says which)."""
+        decide (else sampled under ``policy``; the record says which). ``pass_obj``: the pass checked, which
+        healing (``heal``) re-applies without its failing rewrites; ``model`` is then edited in place."""
         self.start(model)
         key = structure_key(model)
         if not changed:
@@ -201,7 +242,30 @@ class VerificationHook:
         v = self.verifier
         assert v is not None
         t0 = time.perf_counter()
-        model = self._private_copy(model)
+        live, model = model, self._private_copy(model)
+        outcome, how = self._outcome(model, policy, structural, label)
+        if not outcome.ok:
+            if not isinstance(policy, Metric):
+                self._raise_if_inherited(outcome, label, pass_name, stage, iteration)
+            if runs is not None and len(runs) > 1:  # several passes checked at once: name the first failing one
+                log.info("%s failed its check; replaying its %d pass run(s) to find the first failing one",
+                         label, len(runs))
+                healed = self._replay(runs, stage)  # raises the first failing run's error unless it heals it
+                if healed is not None:
+                    live.replace_ir(healed.ir)
+                    self._structure = structure_key(live)
+                    return
+            elif self.heal and pass_obj is not None and not isinstance(policy, Metric) and self._heal(
+                    live, pass_obj, policy, structural, outcome, label, stage, iteration, t0):
+                return
+            raise self._error(model, outcome, policy, label, pass_name, stage, iteration)
+        self._accept(model, outcome, how, label, stage, iteration, pass_name, t0)
+
+    def _outcome(self, model: Model, policy: Policy, structural: bool, label: str) -> tuple[CheckOutcome, str]:
+        """The check of ``model`` (a version no one else edits) against the last verified one, and how it was
+        made: the structural proof of a layout pass where it decides, else sampling and the threshold proofs."""
+        v = self.verifier
+        assert v is not None
         outcome, how = None, policy.describe()
         if structural:
             outcome, how = structural_outcome(v, model)
@@ -212,13 +276,13 @@ class VerificationHook:
             outcome = v.check(model, policy)
             if outcome.ok and (proof := prove_changed_thresholds(v, model, outcome, policy)):
                 outcome.ok, (outcome.message, outcome.node, outcome.tensor) = False, proof
-        if not outcome.ok:
-            error = self._error(model, outcome, policy, label, pass_name, stage, iteration)
-            if runs is not None and len(runs) > 1:  # several passes checked at once: name the first failing one
-                log.info("%s failed its check; replaying its %d pass run(s) to find the first failing one",
-                         label, len(runs))
-                self._replay(runs, stage)
-            raise error
+        return outcome, how
+
+    def _accept(self, model: Model, outcome: CheckOutcome, how: str, label: str, stage: str | None,
+                iteration: int | None, pass_name: str, t0: float) -> None:
+        """Move the verifier on to ``model`` (private) after a passing check, and record the check."""
+        v = self.verifier
+        assert v is not None
         v.accept(model, outcome, private=True)
         change = outcome.change
         self.records.append(CheckRecord(label, stage, iteration, how,
@@ -228,6 +292,88 @@ class VerificationHook:
         if outcome.near_ties:
             log.info("%s: %d float32 near-tie(s) accepted, e.g. %s", label, len(outcome.near_ties),
                      outcome.near_ties[0].describe())
+
+    # -- healing and blame -------------------------------------------------------------------------------------
+    def _heal(self, live: Model, p: Any, policy: Policy, structural: bool, failed: CheckOutcome, label: str,
+              stage: str | None, iteration: int | None, t0: float) -> bool:
+        """Make ``live`` the version before pass ``p`` plus the rewrites of ``p`` that pass the check (module
+        docstring); False if that cannot be done (the failure is then raised as it is)."""
+        v = self.verifier
+        assert v is not None
+        before = v.snapshot.model
+        if isinstance(p, Rule):
+            result = decline_bad_rewrites(p, before, lambda m: self._outcome(m, policy, structural, label)[0])
+            if result is None:
+                return False
+            version = result.model
+            found = [(anchor, match, bad) for anchor, match, bad in result.declined]
+        else:  # not a Rule: the whole pass run is undone
+            version = clone_model(before)
+            found = [(WHOLE_PASS, None, failed)]
+        model = self._private_copy(version)
+        outcome, how = self._outcome(model, policy, structural, label)
+        if not outcome.ok:
+            return False
+        for anchor, match, bad in found:
+            record = DeclinedRewrite(p.name, stage, iteration, anchor, match, bad.tensor, bad.node, bad.message)
+            self.declined.append(record)
+            self.declined_keys.add((p.name, anchor))
+            log.info("verification declined a rewrite: %s", record.describe())
+        live.replace_ir(version.ir)
+        self._structure = structure_key(live)
+        self._accept(model, outcome, how, label, stage, iteration, p.name, t0)
+        return True
+
+    def _raise_if_inherited(self, outcome: CheckOutcome, label: str, pass_name: str, stage: str | None,
+                            iteration: int | None) -> None:
+        """Raise :class:`InheritedDeviation` if the version before the pass already computes the first diverging
+        tensor differently from the cached (the original's) values on the failing sample (module docstring)."""
+        v = self.verifier
+        assert v is not None
+        tensor, sample = outcome.tensor, outcome.sample
+        before = v.snapshot.model
+        if tensor is None or sample is None or sample not in v.sample_ids or before.value(tensor) is None:
+            return
+        s = v.sample_ids.index(sample)
+        if tensor not in v.values[s]:
+            return
+        cached = np.asarray(v.values[s][tensor])
+        producer = before.find_producer(tensor)
+        if producer is None:
+            return
+        try:  # the node before the pass, on the cached values of what it reads (as the checks run it)
+            own = run_nodes(before, [producer], [v.values[s]], set(), constant_tensors(before))[0][tensor]
+        except Exception as exc:  # noqa: BLE001 - no verdict on the before version: the failure stands as it is
+            log.debug("could not run the version before %s: %s", label, exc)
+            return
+        if np.shape(own) != cached.shape or compare_tensor(
+                tensor, np.asarray(own), cached, Equality(), integer=is_integer_tensor(before, tensor)).ok:
+            return
+        ids = ancestors([producer])
+        upstream = {tensor} | {o.name for n in before.graph if id(n) in ids for o in n.outputs}
+        culprit, ties = None, []
+        for record in reversed(self.records):
+            ties = [t for t in record.near_ties if t.tensor in upstream]
+            if ties:
+                culprit = record
+                break
+        here = f"{label}" + (f" (stage '{stage}'" + (f", round {iteration}" if iteration else "") + ")"
+                             if stage and stage != pass_name else "")
+        diff = np.flatnonzero(np.asarray(own, np.float64).reshape(-1) != cached.astype(np.float64).reshape(-1))
+        text = (f"{here} is not at fault: before it, node '{producer.name}' already computes tensor '{tensor}' "
+                f"differently from the original ({diff.size} element(s) on reference sample {sample}); ")
+        if culprit is not None:
+            where = f" (stage '{culprit.stage}'" + (f", round {culprit.iteration}" if culprit.iteration else "") + ")"
+            text += (f"pass '{culprit.pass_name or culprit.label}'{where} accepted {len(ties)} float32 near-tie(s) "
+                     f"there or upstream, e.g. {ties[0].describe()}; that acceptance does not hold further on: "
+                     f"{outcome.message}")
+        else:
+            text += f"no earlier check accepted a near-tie there: {outcome.message}"
+        raise InheritedDeviation(text, checked_pass=pass_name, ties=ties,
+                                 pass_name=(culprit.pass_name or culprit.label) if culprit else pass_name,
+                                 stage=culprit.stage if culprit else stage,
+                                 iteration=culprit.iteration if culprit else iteration, node=outcome.node,
+                                 tensor=tensor, max_error=outcome.max_error, sample=sample)
 
     def _private_copy(self, model: Model) -> Model:
         """A structural copy of ``model`` that the passes cannot change: it shares the immutable initializers
@@ -249,14 +395,19 @@ class VerificationHook:
             value.const_value = known[2]
         return version
 
-    def _replay(self, runs: Runs, stage: str | None) -> None:
+    def _replay(self, runs: Runs, stage: str | None) -> Model | None:
         """Apply ``runs`` one by one to a copy of the last verified version, checking each now: raises the first
-        failing one's :class:`PassVerificationError` (the copy is the verifier's; nothing else changes)."""
+        failing one's :class:`PassVerificationError` (the copy is the verifier's; nothing else changes). With
+        ``heal``, a failing run is healed instead and the replay goes on; the healed version is returned."""
         assert self.verifier is not None
         base = clone_model(self.verifier.snapshot.model)
         for p, pol, iteration in runs:
+            if self.manager is not None and not self.manager.prepare(p):
+                continue
             p.apply(base)
-            self.verify(base, pol, label=f"pass '{p.name}'", pass_name=p.name, stage=stage, iteration=iteration)
+            self.verify(base, pol, label=f"pass '{p.name}'", pass_name=p.name, stage=stage, iteration=iteration,
+                        pass_obj=p)
+        return base if self.heal else None
 
     def _per_stage(self, stage: Any) -> bool:
         """True if ``stage``'s passes are checked together at its end."""
@@ -272,6 +423,13 @@ class VerificationHook:
         self.verify(model, policy, label=f"stage '{name}'", pass_name=name, stage=name, runs=runs)
 
     # -- the hook protocol -------------------------------------------------------------------------------------
+    def before_run(self, manager: Any, model: Model) -> None:
+        """The pass manager starts: its ``declined`` set becomes the one healing adds to (what was declined before
+        is kept in it)."""
+        self.manager = manager
+        manager.declined |= self.declined_keys
+        self.declined_keys = manager.declined
+
     def before_stage(self, stage: Any, model: Model) -> None:
         if self.granularity != "off":
             self.start(model)
@@ -295,7 +453,7 @@ class VerificationHook:
             self._check_stage(model, stage)
         self.verify(model, policy, label=f"pass '{p.name}'", pass_name=p.name, stage=getattr(stage, "name", None),
                     iteration=iteration, changed=bool(getattr(record, "changed", True)),
-                    structural=_pure_layout(p))
+                    structural=_pure_layout(p), pass_obj=p)
 
     def after_stage(self, stage: Any, model: Model) -> None:
         if self._per_stage(stage) and self._stage_runs:
@@ -341,5 +499,6 @@ class VerificationHook:
 
     def summary(self) -> str:
         """One line: checks, time, near-ties."""
-        return (f"verification: {len(self.records)} checks, {self.seconds:.2f} s "
+        text = (f"verification: {len(self.records)} checks, {self.seconds:.2f} s "
                 f"(setup {self.setup_seconds:.2f} s), {len(self.near_ties)} float32 near-tie(s) accepted")
+        return text + (f", {len(self.declined)} rewrite(s) declined" if self.declined else "")

@@ -30,6 +30,7 @@ comparison stands alone). The comparison costs ``O(C·N)`` quantizer evaluations
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -43,6 +44,8 @@ from verify.compare import is_integer_tensor
 from verify.region import node_label
 from verify.tail import float64_from_levels
 from verify.ties import is_bipolar
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ProofIssue", "prove_thresholds", "prove_levels", "proof_inputs", "proof_samples", "RESIDUAL", "TIE_RTOL"]
 
@@ -246,11 +249,16 @@ def fit_affine(a3: np.ndarray, z3: np.ndarray) -> AffineFit:
 
 def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray | dict],
                      sample_ids: Sequence[int], *, ranges: dict[str, tuple[float, float, bool, bool]] | None = None,
-                     outputs64: dict[int, dict[str, np.ndarray]] | None = None) -> list[ProofIssue]:
+                     outputs64: dict[int, dict[str, np.ndarray]] | None = None,
+                     proved_layers: set[str] | None = None) -> list[ProofIssue]:
     """Check every matched MultiThreshold of ``model`` (module docstring). ``samples``: the streamlined model's
     tensors on the reference samples ``sample_ids`` (dicts holding at least the MultiThreshold inputs).
     ``ranges``: the model's :func:`~verify.annotations.derived_ranges` if the caller has them; ``outputs64``
     receives the original's float64 outputs on the samples it ran (for the caller's other checks).
+    ``proved_layers``: the streamlined layers whose weights :func:`verify.weights.compare_weights` proved equal to the
+    original's; where such a layer's accumulator is not an affine function of the original's, its *input* differs
+    on the samples (an earlier float layer's near-tie), not its weights: that is no fault found here (the outputs'
+    comparison judges it), and the channel's thresholds are not proved on those samples.
 
     The original's map is fitted on its float32 execution (fast) and, where that disagrees, on float64 values: first
     those of the disagreeing layers alone, run in float64 from the original's float32 levels before them
@@ -327,6 +335,12 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
             issue = _verdict(p, model, original, [local[i][p.mt.z] for i in sample_ids])
         if local is None or issue is not None:
             issue = _verdict(p, model, original, [v[p.mt.z] for v in original_values("float64")])
+        producer = model.find_producer(p.mt.a)
+        if issue is not None and issue.tensor == p.mt.a and proved_layers and producer is not None and node_label(
+                producer) in proved_layers:
+            log.debug("%s; the weights of '%s' are proved equal to the original's: its input differs on the "
+                      "samples, which the outputs' comparison judges", issue.describe(), node_label(producer))
+            issue = None
         if issue is not None:
             issues.append(issue)
     return issues

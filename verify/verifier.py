@@ -38,7 +38,13 @@ from verify.ties import DEFAULT_NEAR_TIE_RTOL, QUANTIZER_OPS, NearTie, split_nea
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Verifier", "CheckOutcome", "layout_permutation"]
+__all__ = ["Verifier", "CheckOutcome", "layout_permutation", "tie_key"]
+
+
+def tie_key(tie: NearTie) -> tuple[str, int, tuple[int, ...]]:
+    """A near-tie as ``(node, sample position, index)``: the same element of the same node's output in another run
+    of the same pipeline (tensor names made by rules carry counters that differ between runs; node names do not)."""
+    return (tie.node or tie.tensor, int(tie.sample), tuple(int(i) for i in tie.index))
 
 
 @dataclass
@@ -139,6 +145,13 @@ class Verifier:
         self.sample_ids = list(samples)
         self.near_tie_rtol = near_tie_rtol
         self.fps = Fingerprints()
+        #: near-ties (:func:`tie_key`) that :meth:`check` must not accept (see
+        #: :class:`verify.hook.VerificationHook`'s ``reject_ties``)
+        self.reject_ties: set[tuple[str, int, tuple[int, ...]]] = set()
+        #: near-ties accepted by earlier checks, by (tensor or node, sample position): the cache keeps the original's
+        #: value there, so a later version that still computes the accepted value is not told apart (see
+        #: :meth:`_inherited`)
+        self.accepted: dict[tuple[str, int], list[NearTie]] = {}
         self.values = self._full_values(model, initial=True)
         self.snapshot = Snapshot.take(model, self.fps, copy=not private)
 
@@ -414,8 +427,49 @@ class Verifier:
         ties, real = split_near_ties(diff.bad, diff.shape, actual, old[name], tensor=name, sample=s, step=step,
                                      quantizers=quantizers, rtol=self.near_tie_rtol,
                                      float64=self._float64(s, name), grid_step=quant_step(before, name))
+        if real.size and self.accepted:
+            ties, real = self._inherited(model, name, diff.shape, actual, old[name], s, ties, real)
+        if self.reject_ties and ties:
+            back = [t for t in ties if tie_key(t) in self.reject_ties]
+            if back:
+                gone = {id(t) for t in back}
+                ties = [t for t in ties if id(t) not in gone]
+                flat = [int(np.ravel_multi_index(t.index, diff.shape)) if diff.shape else 0 for t in back]
+                real = np.union1d(np.asarray(real, np.int64), np.asarray(flat, np.int64))
         diff.bad = real
         return diff, ties
+
+    def _inherited(self, model: Model, name: str, shape: tuple[int, ...], actual: np.ndarray, expected: np.ndarray,
+                   s: int, ties: list[NearTie], real: np.ndarray) -> tuple[list[NearTie], np.ndarray]:
+        """Move the differences of tensor ``name`` (sample position ``s``) that an earlier check accepted as near-ties
+        from ``real`` to ``ties``: the same tensor or quantizer node, the same sample, the same expected and actual
+        values (an element of the earlier acceptance, as many times as it was accepted; the index is not compared, as
+        a layout change moves it). The version before this one computes them as well, and the earlier check decided
+        them; the new records say which check that was."""
+        producer = model.find_producer(name)
+        keys = [name] + ([node_label(producer)] if producer is not None else [])
+        q = _quantizer_behind(model, producer)
+        if q is not None:
+            keys.append(node_label(q))
+        pool = [t for k in dict.fromkeys(keys) for t in self.accepted.get((k, s), [])]
+        if not pool:
+            return ties, real
+        a = np.asarray(actual, np.float64).reshape(-1)
+        e = np.asarray(expected, np.float64).reshape(-1)
+        used: set[int] = set()
+        keep = []
+        for flat in np.asarray(real).tolist():
+            match = next((i for i, t in enumerate(pool) if i not in used and float(t.actual) == a[flat]
+                          and float(t.expected) == e[flat]), None)
+            if match is None:
+                keep.append(flat)
+                continue
+            used.add(match)
+            t = pool[match]
+            index = tuple(int(i) for i in np.unravel_index(int(flat), shape)) if shape else ()
+            evidence = t.evidence if t.evidence.startswith("inherited") else f"inherited: {t.evidence}"
+            ties = ties + [NearTie(name, s, index, t.expected, t.actual, t.node, t.margin, evidence)]
+        return ties, np.asarray(keep, np.int64)
 
     def _describe_failure(self, outcome: CheckOutcome, first: tuple[str, TensorDiff, int, Any],
                           failing: tuple[str, TensorDiff, int, Any]) -> None:
@@ -454,6 +508,13 @@ class Verifier:
                 for name, perm in outcome.layouts.items():  # keep the old values, in the new layout
                     if name in outcome.keep:
                         vals[name] = np.ascontiguousarray(np.transpose(vals[name], np.argsort(perm)))
+        for t in outcome.near_ties:  # remembered by tensor and by node (a tensor may be renamed, a node not)
+            if t.evidence.startswith("inherited"):
+                continue  # the earlier acceptance is remembered already
+            for key in dict.fromkeys(k for k in (t.tensor, t.node) if k):
+                group = self.accepted.setdefault((key, int(t.sample)), [])
+                if not any(u.expected == t.expected and u.actual == t.actual and u.index == t.index for u in group):
+                    group.append(t)
         signatures = outcome.change.signatures if outcome.change is not None and outcome.change.signatures else None
         self.snapshot = Snapshot.take(model, self.fps, signatures, copy=not private)
         self.fps.retain(self.snapshot.model)

@@ -9,8 +9,12 @@ C_in)``) and turns a bipolar layer into ``XnorPopcountMatMul`` with binary weigh
 binary weights, ``2·w − 1`` must be ``±1`` times its sign pattern), with the same zeros.
 
 A streamlined ``MatMul``/``XnorPopcountMatMul`` is matched to the original layer its name comes from (conversion
-and lowering name it ``<layer>_MatMul`` or ``<layer>_matmul``); a layer whose weight is not a (Bipolar)Quant of a
-constant, a grouped (depthwise) convolution, or a shape no layout above explains, is not compared.
+and lowering name it ``<layer>_MatMul`` or ``<layer>_matmul``); a lowered depthwise convolution (its weight a
+:class:`~finnlite.core.tensors.DepthwiseWeight`, the ``[C, kh, kw]`` kernel) is compared kernel to kernel. A layer
+whose weight is not a (Bipolar)Quant of a constant, a grouped convolution that is not depthwise, or a shape no
+layout above explains, is not compared. The comparison needs no sample: it is a proof, whatever the input range;
+``proved`` collects the streamlined nodes whose weights it proved equal (their accumulators are then the
+original's up to the layer's input, :mod:`verify.proofs`).
 """
 
 from __future__ import annotations
@@ -70,8 +74,18 @@ def _as_columns(layer: Any, w: np.ndarray, shape: tuple[int, int]) -> np.ndarray
     """The original weight as a ``[K, C]`` matrix in the streamlined row order, or None."""
     attrs = {k: a.value for k, a in layer.attributes.items()}
     if layer.op_type == "Conv":
-        if int(attrs.get("group", 1)) != 1 or w.ndim != 4:
+        group = int(attrs.get("group", 1))
+        if w.ndim != 4:
             return None
+        if group != 1:  # a depthwise convolution stored dense: block-diagonal rows (kh, kw, C) x C
+            c, _, kh, kw = w.shape
+            if group != c or w.shape[1] != 1 or shape != (kh * kw * c, c):
+                return None
+            cols = np.zeros(shape, np.float32)
+            idx = np.arange(c)
+            for k, kernel in enumerate(w[:, 0].reshape(c, -1).T):  # (kh, kw) positions in order
+                cols[k * c + idx, idx] = kernel
+            return cols
         cols = w.transpose(2, 3, 1, 0).reshape(-1, w.shape[0])  # (kh, kw, C_in) x C_out
     elif layer.op_type == "Gemm":
         cols = w.T if int(attrs.get("transB", 0)) else w
@@ -82,18 +96,27 @@ def _as_columns(layer: Any, w: np.ndarray, shape: tuple[int, int]) -> np.ndarray
     return cols if cols.shape == shape else None
 
 
-def compare_weights(model: Model, original: Model) -> list[WeightIssue]:
-    """Every matched streamlined weight that is not the original's up to a scale per output channel."""
+def compare_weights(model: Model, original: Model, proved: set[str] | None = None) -> list[WeightIssue]:
+    """Every matched streamlined weight that is not the original's up to a scale per output channel (module
+    docstring); the names of the nodes whose weights were compared and found equal are added to ``proved``."""
     issues: list[WeightIssue] = []
+    proved = proved if proved is not None else set()
     for node in model.graph:
         if node.op_type not in ("MatMul", "XnorPopcountMatMul") or len(node.inputs) < 2 or node.inputs[1] is None:
             continue
         t = node.inputs[1].const_value
-        if t is None or isinstance(t, DepthwiseWeight) or len(t.shape) != 2:
+        if t is None or len(t.shape) != 2:
             continue
         name = next((node.name[:-len(s)] for s in _SUFFIXES if node.name.endswith(s)), None)
         layer = original.get_node_from_name(name) if name else None
         if layer is None or layer.op_type not in ("Conv", "Gemm", "MatMul"):
+            continue
+        if isinstance(t, DepthwiseWeight):
+            compared, issue = _depthwise(node, t, original, layer)
+            if issue is not None:
+                issues.append(issue)
+            elif compared:
+                proved.add(node_label(node))
             continue
         data = original.find_producer(layer.inputs[0].name) if layer.inputs and layer.inputs[0] is not None else None
         if data is not None and data.op_type == "Concat":
@@ -110,7 +133,25 @@ def compare_weights(model: Model, original: Model) -> list[WeightIssue]:
             continue  # a layout change (NHWC flatten, tokens) reordered the rows: not compared element by element
         if problem is not None:
             issues.append(WeightIssue(node_label(node), node.inputs[1].name, node_label(layer), problem))
+        else:
+            proved.add(node_label(node))
     return issues
+
+
+def _depthwise(node: Any, t: DepthwiseWeight, original: Model, layer: Any) -> tuple[bool, WeightIssue | None]:
+    """A lowered depthwise convolution's kernel ``[C, kh, kw]`` against the original's ``[C, 1, kh, kw]`` weight:
+    channel ``c`` must be ``λ_c`` times the original's, with the same zeros. Returns whether it was compared (the
+    layer is a depthwise convolution of that kernel shape) and the issue, if any."""
+    w = _quantized_weight(original, layer)
+    c, kh, kw = t.kernel.shape
+    group = int(layer.attributes["group"].value) if "group" in layer.attributes else 1
+    if w is None or w.shape != (c, 1, kh, kw) or group != c:
+        return False, None
+    ws = np.asarray(t.kernel, np.float32).reshape(c, -1).T  # [kh·kw, C]: one column per channel
+    problem = _proportional(ws, w.reshape(c, -1).T)
+    if problem is None:
+        return True, None
+    return True, WeightIssue(node_label(node), node.inputs[1].name, node_label(layer), f"depthwise kernel: {problem}")
 
 
 def _proportional(ws: np.ndarray, wo: np.ndarray) -> str | None:

@@ -10,6 +10,10 @@
   the passes that kept changing the graph. Every pass run is recorded (time, changed, rewrites, node counts) in the
   manager's :class:`RunReport`, which stays readable when a run fails; hooks (:class:`Hook`: the verifier, a progress
   display) are called around each stage and pass.
+* Rewrites *declined by verification* (:attr:`PassManager.declined`: ``(pass name, anchor)`` pairs, see
+  :func:`anchor_of`) are not performed again: :meth:`Rule.apply` skips a declined anchor (recording a
+  :class:`Miss`), and a pass declined as a whole (anchor ``"*"``) is not run again. The verifier's hook adds to the
+  set when it undoes a rewrite that broke equivalence (:mod:`verify.hook`).
 """
 
 from __future__ import annotations
@@ -77,6 +81,18 @@ class Miss:
     reason: str
 
 
+#: the anchor of a pass declined as a whole (a transformation that is not a :class:`Rule`)
+WHOLE_PASS = "*"
+
+
+def anchor_of(node: "ir.Node") -> str:
+    """The name by which a rewrite anchored at ``node`` (the node :meth:`Rule.apply` visited) is declined: the
+    node's name, or its first output's name when it has none (output names are unique in a graph)."""
+    if node.name:
+        return node.name
+    return f"->{node.outputs[0].name}" if node.outputs else node.op_type
+
+
 class Rule(Transformation):
     """A local rewrite: ``match(model, node)`` returns a match (any truthy object) or a :class:`Miss`/None, and
     ``rewrite(model, match)`` performs the edit. ``apply`` visits every node once in graph order, skipping nodes
@@ -84,8 +100,10 @@ class Rule(Transformation):
     are removed at once (as the next cleanup would).
 
     ``max_rewrites`` limits how many rewrites one ``apply`` performs (used by bisection to find the first bad
-    rewrite); ``rewrites`` counts them, ``misses`` records failed conditions of the last ``apply``; ``on_rewrite``,
-    if set, is called after each rewrite with (rule, model, match)."""
+    rewrite); ``rewrites`` counts them, ``misses`` records failed conditions of the last ``apply``; ``anchors`` the
+    anchor (:func:`anchor_of`) of each rewrite of the last ``apply``, in order; ``on_rewrite``, if set, is called
+    after each rewrite with (rule, model, match). ``declined``: anchors where the rule must not rewrite (set by the
+    pass manager from the rewrites verification declined); a match there is recorded as a miss."""
 
     op_types: ClassVar[tuple[str, ...]] = ()
 
@@ -93,6 +111,8 @@ class Rule(Transformation):
         self.max_rewrites = max_rewrites
         self.rewrites = 0
         self.misses: list[Miss] = []
+        self.anchors: list[str] = []
+        self.declined: set[str] | frozenset[str] = frozenset()
         self.on_rewrite: Callable[["Rule", "Model", Any], None] | None = None
 
     def match(self, model: "Model", node: "ir.Node") -> Any:
@@ -110,6 +130,8 @@ class Rule(Transformation):
     def apply(self, model: "Model") -> bool:
         self.rewrites = 0
         self.misses = []
+        self.anchors = []
+        declined = getattr(self, "declined", None) or ()
         for node in list(model.graph):
             if self.max_rewrites is not None and self.rewrites >= self.max_rewrites:
                 break
@@ -120,9 +142,14 @@ class Rule(Transformation):
             m = self.match(model, node)
             if not m or isinstance(m, Miss):
                 continue
+            anchor = anchor_of(node)
+            if anchor in declined:
+                self.miss(node, "declined by verification: this rewrite broke equivalence here")
+                continue
             consts = [v for v in node.inputs if v is not None and v.is_initializer()]
             self.rewrite(model, m)
             self.rewrites += 1
+            self.anchors.append(anchor)
             model.drop_if_unused(*consts)
             consts.clear()  # no reference to a dropped weight is left while the next node is matched
             if self.on_rewrite is not None:
@@ -237,6 +264,9 @@ class RunReport:
 class Hook(Protocol):
     """What the manager calls on its hooks, in this order; a hook defines only the methods it needs."""
 
+    def before_run(self, manager: "PassManager", model: "Model") -> None:
+        """The run starts; ``manager.declined`` is where a hook records the rewrites it declines."""
+
     def before_stage(self, stage: Stage, model: "Model") -> None: ...
     def before_pass(self, p: Pass, model: "Model", stage: Stage) -> None: ...
     def after_pass(self, p: Pass, model: "Model", stage: Stage, record: PassRecord) -> None: ...
@@ -249,13 +279,25 @@ class Hook(Protocol):
 class PassManager:
     """Runs stages of passes on a model in place (see the module docstring). ``report`` is the record of the
     current or last run, partial if that run failed; ``current`` is the pass being run and its stage (after a
-    failure: the pass that failed, or whose check failed)."""
+    failure: the pass that failed, or whose check failed). ``declined``: the ``(pass name, anchor)`` pairs of the
+    rewrites verification declined (module docstring); pass a set to share it between runs."""
 
-    def __init__(self, stages: Iterable[Stage], hooks: Iterable[Any] = ()) -> None:
+    def __init__(self, stages: Iterable[Stage], hooks: Iterable[Any] = (),
+                 declined: set[tuple[str, str]] | None = None) -> None:
         self.stages = list(stages)
         self.hooks = list(hooks)
         self.report = RunReport()
         self.current: tuple[Pass, Stage] | None = None
+        self.declined: set[tuple[str, str]] = declined if declined is not None else set()
+
+    def prepare(self, p: Pass) -> bool:
+        """Tell ``p`` which of its rewrites are declined (a :class:`Rule`'s ``declined`` anchors); False if the
+        whole pass is declined (then it is not run)."""
+        if (p.name, WHOLE_PASS) in self.declined:
+            return False
+        if isinstance(p, Rule):
+            p.declined = frozenset(a for name, a in self.declined if name == p.name)
+        return True
 
     def _call(self, method: str, *args: Any) -> None:
         for hook in self.hooks:
@@ -264,6 +306,8 @@ class PassManager:
                 fn(*args)
 
     def _run_one(self, p: Pass, model: "Model", stage: Stage, iteration: int, report: RunReport) -> bool:
+        if not self.prepare(p):
+            return False
         self.current = (p, stage)
         self._call("before_pass", p, model, stage)
         n0 = len(model)
@@ -310,6 +354,7 @@ class PassManager:
         """Run every stage in order on ``model`` (in place) and return the record of what happened (also kept in
         ``self.report``, partial if the run fails). Hooks are called as :class:`Hook` says."""
         report = self.report = RunReport()
+        self._call("before_run", self, model)
         try:
             for stage in self.stages:
                 self.run_stage(stage, model, report)

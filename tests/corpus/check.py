@@ -131,6 +131,8 @@ def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int =
     result.seconds = time.perf_counter() - t0
     if report.error is not None:
         result.verification = " ".join(str(report.error).split())[:300]
+    elif report.verification.declined:  # healing must never hide a wrong rewrite from the corpus
+        result.verification = "declined: " + "; ".join(d.describe() for d in report.verification.declined)[:300]
     result.nodes_after = len(model)
     floats = report.float_nodes
     if floats is not None:

@@ -411,12 +411,26 @@ def double_w2(model):
 """
 
 
-@pytest.mark.parametrize("mode, says", [("each", "pass 'double_w2' (stage 'tidy') broke equivalence"),
-                                        ("final", "differs from")])
+@pytest.mark.declines
+def test_a_failing_pass_is_declined_and_strict_exits_1(tmp_path: Path) -> None:
+    """A (user) pass that changes what the model computes, with per-pass checks (the default): the pass run is
+    undone and declined, the model is written and the run exits 0, naming the pass; ``--strict`` exits 1."""
+    write(tmp_path / IN, good_model())
+    (tmp_path / "bad_rules.py").write_text(BAD_RULES)
+    (tmp_path / "cfg.yaml").write_text("passes:\n  - pass: bad_rules:double_w2\n    stage: tidy\n")
+    proc = run_cli([*STREAMLINE, "--config", "cfg.yaml", "--quiet"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "double_w2 (stage 'tidy'): the whole pass run declined; failing tensor 'w2_q'" in proc.stdout
+    assert proc.stderr == "" and (tmp_path / OUT).is_file()
+    proc = run_cli([*STREAMLINE, "--config", "cfg.yaml", "--quiet", "--strict"], tmp_path)
+    assert proc.returncode == 1 and "finnlite: strict: rewrite declined by verification: double_w2" in proc.stderr
+
+
+@pytest.mark.parametrize("mode, says", [("final", "differs from")])
 def test_failed_verification_exits_1(mode: str, says: str, tmp_path: Path) -> None:
-    """A (user) pass that changes what the model computes: exit code 1 and an error naming the pass (per-pass
-    checks, the default) or the output (final check only); nothing is written under the asked name (the result is
-    kept as ``out.unverified.onnx`` for inspection)."""
+    """A (user) pass that changes what the model computes, checked by the final check only: exit code 1 and an
+    error naming the output; nothing is written under the asked name (the result is kept as
+    ``out.unverified.onnx`` for inspection). (With per-pass checks the pass is declined instead, above.)"""
     write(tmp_path / IN, good_model())
     (tmp_path / "bad_rules.py").write_text(BAD_RULES)
     (tmp_path / "cfg.yaml").write_text("passes:\n  - pass: bad_rules:double_w2\n    stage: tidy\n")
@@ -430,9 +444,7 @@ def test_failed_verification_exits_1(mode: str, says: str, tmp_path: Path) -> No
     assert not (tmp_path / OUT).exists()
     after = sha256_tree(tmp_path)
     assert {k: v for k, v in after.items() if k in before} == before
-    # a failing pass stops the run (its models before and after are saved elsewhere); a failing final check
-    # leaves the complete result for inspection
-    assert ("out.unverified.onnx" in after) == (mode == "final")
+    assert "out.unverified.onnx" in after  # a failing final check leaves the complete result for inspection
 
 
 @pytest.mark.parametrize("args", [["streamline", IN], ["streamline"], ["polish", IN],

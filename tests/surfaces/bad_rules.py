@@ -40,3 +40,21 @@ class AbsThresholds(Rule):
     def rewrite(self, model, node):
         t = model.get_initializer(node.inputs[1].name)
         node.replace_input_with(1, model.add_initializer(abs(t), prefix="abs"))
+
+
+class ShiftOneThreshold(Rule):
+    """MultiThreshold(x, T) → MultiThreshold(x, T'), T' a copy of T (exact) — except at the second MultiThreshold of
+    the graph, where T' = T + 3 (wrong): a rule that breaks one node of several, for self-healing."""
+
+    op_types = ("MultiThreshold",)
+
+    def match(self, model, node):
+        t = node.inputs[1]
+        return node if t is not None and model.is_initializer(t.name) and not t.name.startswith("copied") else None
+
+    def rewrite(self, model, node):
+        thresholds = [n for n in model.graph if n.op_type == "MultiThreshold"]
+        t = model.get_initializer(node.inputs[1].name)
+        if thresholds.index(node) == 1:
+            t = t + 3
+        node.replace_input_with(1, model.add_initializer(t.astype("float32"), prefix="copied"))

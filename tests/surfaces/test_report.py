@@ -96,7 +96,7 @@ def test_a_failing_run_reports_the_pass(tmp_path: Path) -> None:
     (tmp_path / "bad_rules.py").write_text((HERE / "bad_rules.py").read_text(encoding="utf-8"), encoding="utf-8")
     cfg = Config.from_dict({"passes": [{"pass": "bad_rules:ShiftThresholds", "stage": "streamline"}]},
                            base_dir=tmp_path)
-    rep = streamline(Model(build_tfc()), cfg, verify="each")
+    rep = streamline(Model(build_tfc()), cfg, verify="each", heal=False)
     assert not rep.ok and not rep.completed
     f = rep.verification.failure
     assert f["pass"] == "ShiftThresholds" and f["stage"] == "streamline" and f["tensor"]
@@ -107,6 +107,25 @@ def test_a_failing_run_reports_the_pass(tmp_path: Path) -> None:
     assert len(_svgs(html)) == 2
     with pytest.raises(VerificationError, match="pass 'ShiftThresholds'"):
         rep.raise_for_errors()
+
+
+@pytest.mark.declines
+def test_declined_rewrites_are_reported(tmp_path: Path) -> None:
+    """Healing (the default): the wrong rule's rewrites are declined, the report lists them (text, JSON, HTML) and
+    the result verifies."""
+    (tmp_path / "bad_rules.py").write_text((HERE / "bad_rules.py").read_text(encoding="utf-8"), encoding="utf-8")
+    cfg = Config.from_dict({"passes": [{"pass": "bad_rules:ShiftOneThreshold", "stage": "streamline"}]},
+                           base_dir=tmp_path)
+    rep = streamline(Model(build_tfc()), cfg, verify="each")
+    assert rep.ok and rep.completed and rep.verification.final.ok
+    declined = rep.verification.declined
+    assert len(declined) == 1 and declined[0].pass_name == "ShiftOneThreshold" and declined[0].tensor
+    assert "1 rewrite(s) declined by verification" in rep.text() and declined[0].describe() in rep.text()
+    data = rep.to_dict()
+    assert data["verification"]["declined_rewrites"][0]["anchor"] == declined[0].anchor
+    assert data["strict_failures"] == [f"rewrite declined by verification: {declined[0].describe()}"]
+    html = rep.to_html()
+    assert "Rewrites declined by verification (1)" in html and "1 rewrite(s) declined</span>" in html
 
 
 def test_a_wrong_hidden_layer_fails_the_final_check(tmp_path: Path) -> None:

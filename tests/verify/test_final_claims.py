@@ -184,10 +184,23 @@ def test_a_failure_names_the_first_diverging_tensor() -> None:
 
 
 def test_eight_samples_and_a_stated_guess_of_the_input_range() -> None:
+    """No input quantizer or datatype: a wide assumed range, and a result verified on it says so (once: the
+    description of the samples names the range, the verdict carries the warning)."""
+    from finnlite.report import VerificationResult
+
     model = matmul_bias_relu()
     assert default_samples(model) == 8
-    _, described = make_reference(model, Config())
-    assert "8 random samples" in described and "--input-range" in described and "is a guess" in described
+    reference, described = make_reference(model, Config())
+    assert "8 random samples" in described and "in [-3, 3] (assumed)" in described and "WARNING" not in described
+    assert reference.assumed == {"x": (-3.0, 3.0)}
+    x = np.stack([reference.sample(i)["x"] for i in range(reference.num_samples)])
+    assert x.min() < -2 and x.max() > 2  # the samples cover the range
+    result = VerificationResult("final", described, 8, assumed=reference.assumed)
+    assert result.status == "verified on an assumed input range [-3, 3]"
+    assert result.text().count("WARNING") == 1 and "--input-range" in result.text()
+    assert result.to_dict()["assumed_input_ranges"] == {"x": [-3.0, 3.0]}
+    given, _ = make_reference(model, Config(), input_range=(-1.0, 1.0))
+    assert given.assumed == {} and VerificationResult("final", "", 8, assumed=given.assumed).status == "verified"
 
 
 def test_float64_from_levels_when_a_target_also_feeds_a_later_quantizer() -> None:
