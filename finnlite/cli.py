@@ -37,9 +37,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from finnlite.core.errors import ConfigError, FinnliteError
-from finnlite.core.io import check_output_path
-from finnlite.core.model import Model
-from finnlite.core.passes import list_aliases, list_passes
 
 log = logging.getLogger("finnlite")
 #: exit code for an unexpected exception (a bug), distinct from 2 (bad input or usage) and 1 (failed verification)
@@ -84,7 +81,8 @@ def _emit_json(data: Any) -> None:
 
 def cmd_streamline(args: argparse.Namespace) -> int:
     from finnlite.build import streamline
-    from finnlite.core.io import check_input_names
+    from finnlite.core.io import check_input_names, check_output_path
+    from finnlite.core.model import Model
 
     inp, out = Path(args.input), Path(args.output)
     check_output_path(out, source=inp)
@@ -138,6 +136,7 @@ def cmd_streamline(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from finnlite.core.model import Model
     from finnlite.cost import datatype_histogram, inference_cost
 
     model = Model(args.model)
@@ -167,6 +166,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
+    from finnlite import list_aliases, list_passes
+
     for stage in _config(args).build_stages():
         names = [p if isinstance(p, str) else p.name for p in stage.passes]
         print(f"stage {stage.name}{' (fixpoint)' if stage.fixpoint else ''}: {', '.join(names)}")
@@ -208,7 +209,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     import numpy as np
 
     from custom_ops.executor import Executor
-    from finnlite.core.io import check_input_names
+    from finnlite.core.io import check_input_names, check_output_path
+    from finnlite.core.model import Model
 
     model = Model(args.model)
     check_input_names(args.inputs, model.input_names)
@@ -240,6 +242,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from finnlite.build import make_reference
     from finnlite.config import Config
+    from finnlite.core.model import Model
     from verify import final_check
 
     original, candidate = Model(args.reference), Model(args.model)
@@ -275,6 +278,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     from finnlite.build import bisect
+    from finnlite.core.model import Model
 
     if not args.quiet:
         print("  running the pipeline with per-pass verification ...", file=sys.stderr, flush=True)
@@ -352,9 +356,8 @@ def _verbose_option(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``finnlite`` command."""
-    from finnlite.config import VERIFY_MODES
-
     from finnlite import __version__
+    from finnlite.core.modes import VERIFY_MODES
 
     parser = _ArgumentParser(prog="finnlite", description="FINN-style streamlining of QONNX models.")
     parser.add_argument("--version", action="version", version=f"finnlite {__version__}")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from finnlite.core.errors import ConfigError, PassError
+from finnlite.core.modes import DEFAULT_VERIFY_MODE, VERIFY_MODES  # noqa: F401 - re-exported
 from finnlite.core.passes import Pass, Transformation, get_pass, run_pass
 from finnlite.core.policies import DEFAULT_POLICY, Tolerance
 from streamline.pipeline import default_stages, select_stages, stage_names
@@ -50,10 +51,6 @@ from streamline.preprocess import Preprocessing, parse_number
 
 __all__ = ["Config", "PassSpec", "VerificationConfig", "ExternalPass", "load_config", "VERIFY_MODES"]
 
-#: the verification modes: none, the final check against the original, per-pass verification (and the final check)
-VERIFY_MODES = ("off", "final", "each")
-#: what runs when nothing asks otherwise: every pass is checked as it runs, then the result against the original
-DEFAULT_VERIFY_MODE = "each"
 
 _TOP_KEYS = ("stages", "modules", "passes", "verification", "preprocessing")
 _PREPROCESSING_KEYS = ("input_datatype", "scale", "mean", "std", "input")

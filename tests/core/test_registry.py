@@ -42,3 +42,10 @@ def test_core_names_stay_importable_from_finnlite() -> None:
     assert finnlite.Model is Model and finnlite.Rule is Rule
     with pytest.raises(AttributeError):
         finnlite.NoSuchName  # noqa: B018
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["streamline", "--help"]])
+def test_help_and_version_load_no_numerical_library(argv: list[str]) -> None:
+    code = ("import sys\nfrom finnlite.cli import main\ntry:\n    main(" + repr(argv) + ")\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('numpy', 'onnx', 'onnx_ir', 'onnxruntime', 'streamline') if m in sys.modules))")
+    assert _run(code).splitlines()[-1] == "[]"

@@ -249,7 +249,7 @@ def test_a_failing_node_is_ringed_black(tmp_path: Path) -> None:
     (tmp_path / "bad_rules.py").write_text((HERE / "bad_rules.py").read_text(encoding="utf-8"), encoding="utf-8")
     cfg = Config.from_dict({"passes": [{"pass": "bad_rules:ShiftThresholds", "stage": "streamline"}]},
                            base_dir=tmp_path)
-    rep = streamline(Model(build_tfc()), cfg, verify="each")
+    rep = streamline(Model(build_tfc()), cfg, verify="each", heal=False)
     failing = rep.verification.failure["node"]
     _, after = _svgs(rep.to_html())
     assert failing and {"fl-mark-failing", "fl-hl"} <= set(_graph_nodes(after)[failing])
