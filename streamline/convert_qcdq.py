@@ -27,9 +27,9 @@ carried over; the integer range ``[lo, hi]`` decides the form instead:
 
 Constant chains (``DequantizeLinear`` of an integer initializer, or ``QuantizeLinear`` of a float weight) are
 computed here as onnxruntime would, and become ``Quant(W, s, 0, b, signed, narrow)`` of that float weight (the
-type of ``[lo, hi]``, widened to a standard one), which the convert stage folds into an integer weight — only
-where the Quant reproduces ``W`` bit for bit; otherwise (more than 24 bits, e.g. int32 biases) the chain becomes
-the float constant ``W`` itself, which is what the bias folding makes of it anyway.
+type of ``[lo, hi]``, widened to a standard one), which the convert stage folds into an integer weight (or, for a
+bias, into its exact value ``(q − z)·s``) — only where the Quant reproduces ``W`` bit for bit: an int32 bias whose
+integers stay below 2^24 does; otherwise (larger integers) the chain becomes the float constant ``W`` itself.
 
 A QuantizeLinear and DequantizeLinear with different scales or zero-points (a requantization), block
 quantization, float8 types and non-constant parameters are errors naming the node. A DequantizeLinear of a
@@ -341,7 +341,7 @@ class QCDQToQuant(Rule):
         std = standard_range(lo, hi) or _superset_range(lo, hi)
         base = _label(c.dq)
         w = add_constant(model, weight, f"{base}_weight", None)
-        if std[0] > _MAX_EXACT_BITS or not _reproduces(weight, scale, std):
+        if np.abs(r).max(initial=0) >= 2**_MAX_EXACT_BITS or not _reproduces(weight, scale, std):
             self.miss(c.dq, f"the {std[0]}-bit constant is kept as its float32 value (a Quant would not reproduce "
                             "it exactly)")
             return w

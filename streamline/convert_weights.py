@@ -36,6 +36,9 @@ from custom_ops.bipolar_quant import bipolar_quant
 from custom_ops.common import by_rows
 from custom_ops.quant import max_int, min_int, quant
 from custom_ops.registry import is_standard_domain
+from finnlite.core.cleanup import fold_node
+from streamline.exact import const_operand, set_exact
+from streamline.real_thresholds import fractions_of
 from finnlite.core.datatypes import BaseDataType, DataType, int_type, smallest_int_type
 from finnlite.core.graphutil import add_constant, annotate, rank_of, take_over
 from finnlite.core.passes import Rule, register_pass
@@ -352,9 +355,11 @@ class FoldQuantWeights(Rule):
         y = node.outputs[0]
         base = node.name or y.name
         if m.mode == "constant":
+            exact = _exact_output(node, w)
             init = add_constant(model, w.output, prefix=f"{base}_value", datatype=FLOAT32)
             take_over(model, y, init)
             _remove(model, node)
+            _fold_into_bias_uses(model, init, exact)
             return
         if m.mode in ("unity", "after") or w.integer_zeropoint:
             values, dtype = w.folded()
@@ -383,6 +388,34 @@ class FoldQuantWeights(Rule):
         _remove(model, node)
         for plan in m.plans:  # empty for "unity"
             _rewrite_after(model, plan, base)
+
+
+def _exact_output(node: ir.Node, w: IntegerWeight) -> np.ndarray | None:
+    """The bias quantizer's output ``(q − z)·s`` as exact Fractions — what float64 execution of the original adds
+    (float32 rounds the product) —, or None where its integers are not recovered exactly (beyond 2^24)."""
+    try:
+        split = integer_weight(node)
+    except Unsupported:
+        return None
+    q, z, s = np.broadcast_arrays(fractions_of(split.q), fractions_of(split.zeropoint), fractions_of(split.scale))
+    if q.shape != w.output.shape:
+        return None
+    return (q - z) * s
+
+
+def _fold_into_bias_uses(model: "Model", value: ir.Value, exact: np.ndarray | None) -> None:
+    """Carry the folded bias ``value`` to its Adds as a constant: fold the shape-only ops (constant shapes) on the
+    way — ConvBiasToAdd's Reshape to [1, C, 1, …] —, and record the exact value on each Add it reaches
+    (:func:`streamline.exact.set_exact`), so that the scales and thresholds it meets are computed from it."""
+    for use in list(value.uses()):
+        node = use.node
+        if node.op_type in _SHAPE_OPS and use.idx == 0:
+            for new in fold_node(model, node):
+                annotate(new, FLOAT32)
+                shape = const_array(new).shape
+                _fold_into_bias_uses(model, new, None if exact is None else exact.reshape(shape))
+        elif node.op_type == "Add" and exact is not None and const_operand(node) is not None:
+            set_exact(node, exact)
 
 
 def _remove(model: "Model", node: ir.Node) -> None:

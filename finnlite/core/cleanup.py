@@ -77,35 +77,39 @@ def _evaluate(node: ir.Node, inputs: list[np.ndarray | None], opset: int) -> lis
     return sess.run(None, feed)
 
 
+def fold_node(model: "Model", node: ir.Node) -> list[ir.Value]:
+    """Replace the standard-op ``node`` by initializers if all its inputs are constants (and it is foldable);
+    returns the new initializers (empty if it did not fold)."""
+    if not is_standard_domain(node.domain) or node.op_type in _NO_FOLD or not node.inputs:
+        return []
+    if any(o.is_graph_output() for o in node.outputs):
+        return []
+    inputs = [const_array(v) for v in node.inputs]
+    if any(a is None for v, a in zip(node.inputs, inputs) if v is not None):
+        return []
+    if node.op_type == "Constant":
+        arr = const_array(node.outputs[0])
+        if arr is None:
+            return []
+        results = [arr]
+    else:
+        try:
+            results = _evaluate(node, inputs, model.opset_version("") or 20)
+        except Exception as exc:  # onnxruntime failures carry long messages; keep one line
+            raise GraphError(f"cannot fold constant {node.op_type}: {str(exc).splitlines()[0]}",
+                             node=node.name) from None
+    news = []
+    for out, arr in zip(node.outputs, results):
+        new = model.add_initializer(np.asarray(arr), prefix=out.name or "folded")
+        out.replace_all_uses_with(new)
+        news.append(new)
+    model.graph.remove(node, safe=True)
+    return news
+
+
 def fold_constants(model: "Model") -> int:
     """Replace standard-op nodes with all-constant inputs by initializers; returns how many were folded."""
-    folded = 0
-    opset = model.opset_version("") or 20
-    for node in list(model.graph):
-        if not is_standard_domain(node.domain) or node.op_type in _NO_FOLD or not node.inputs:
-            continue
-        if any(o.is_graph_output() for o in node.outputs):
-            continue
-        inputs = [const_array(v) for v in node.inputs]
-        if any(a is None for v, a in zip(node.inputs, inputs) if v is not None):
-            continue
-        if node.op_type == "Constant":
-            arr = const_array(node.outputs[0])
-            if arr is None:
-                continue
-            results = [arr]
-        else:
-            try:
-                results = _evaluate(node, inputs, opset)
-            except Exception as exc:  # onnxruntime failures carry long messages; keep one line
-                raise GraphError(f"cannot fold constant {node.op_type}: {str(exc).splitlines()[0]}",
-                                 node=node.name) from None
-        for out, arr in zip(node.outputs, results):
-            new = model.add_initializer(np.asarray(arr), prefix=out.name or "folded")
-            out.replace_all_uses_with(new)
-        model.graph.remove(node, safe=True)
-        folded += 1
-    return folded
+    return sum(bool(fold_node(model, node)) for node in list(model.graph))
 
 
 def cleanup(model: "Model", *, fold: bool = True) -> bool:
