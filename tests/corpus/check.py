@@ -45,6 +45,11 @@ def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
     return entries
 
 
+def manifest_entries(directory: Path) -> dict[str, dict[str, Any]]:
+    """The entries of ``directory/manifest.json`` (with ``dir``); empty when it is absent."""
+    return _manifest(directory)
+
+
 def committed_entries() -> dict[str, dict[str, Any]]:
     """The committed models' manifest entries (with ``dir``)."""
     return {k: e for k, e in _manifest(COMMITTED).items() if not e.get("cached")}
@@ -108,10 +113,11 @@ class CorpusResult:
 
 
 def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int = 0,
-                verify: str = "each") -> CorpusResult:
+                verify: str = "each", inputs: Any = None) -> CorpusResult:
     """Run the default pipeline on the corpus model ``entry`` and measure it (module docstring). ``verify``: the
     pipeline's own verification mode (the CLI's default, per-pass checks, unless told otherwise); its failure is
-    a problem like the others."""
+    a problem like the others. ``inputs``: the reference inputs of the final comparison (an array of samples for
+    the model's one input, e.g. a test set) instead of ``samples`` random ones over the manifest's input range."""
     from finnlite import Model
     from finnlite.build import streamline
     from verify import ReferenceData, final_check
@@ -120,7 +126,10 @@ def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int =
     model = Model(model_path(entry))
     result.nodes_before = len(model)
     lo, hi = entry["input_range"]
-    reference = ReferenceData.random(model, n=samples, seed=seed, low=lo, high=hi)
+    if inputs is not None:
+        reference = ReferenceData(model, inputs, source=f"{len(inputs)} given inputs")
+    else:
+        reference = ReferenceData.random(model, n=samples, seed=seed, low=lo, high=hi)
     t0 = time.perf_counter()
     try:
         report = streamline(model, verify=verify, extras=False)
