@@ -38,6 +38,7 @@ from streamline.finn_pool import LowerGlobalSum
 from streamline.join import IntegerJoinMultipliers
 from streamline.join_conv import IntegerConvInputScales
 from streamline.lower import LOWER_PASSES
+from streamline.monotone_movement import MoveMonotonePastDataMovement
 from streamline.pool_sign import AbsorbChannelSignIntoMultiThreshold
 from streamline.reduce import REDUCE_PASSES
 from streamline.preprocess import MoveAddPastPaddedConv
@@ -81,7 +82,8 @@ def streamline_passes() -> list:
     branches read only by thresholds take integer multipliers (:mod:`streamline.join`) before the reorder rules
     would equalize their scales by the exact ratio."""
     return [InferDataTypes, *COLLAPSE_PASSES, IntegerJoinMultipliers, IntegerConvInputScales,
-            *REORDER_PASSES, *REDUCE_PASSES, AbsorbBorderIntoThresholds, MoveAddPastPaddedConv, *ABSORB_PASSES,
+            *REORDER_PASSES, MoveMonotonePastDataMovement, *REDUCE_PASSES, AbsorbBorderIntoThresholds,
+            MoveAddPastPaddedConv, *ABSORB_PASSES,
             AbsorbChannelSignIntoMultiThreshold,
             *MONOTONE_PASSES, RemoveDeadNodes, InferDataTypes, MaterializeThresholds]
 

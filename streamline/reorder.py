@@ -246,23 +246,60 @@ class MoveLinearPastAveragePool(Rule):
 
 @register_pass(group="reorder")
 class MoveMulPastRelu(Rule):
-    """Relu(Mul(x, a)) → Mul(Relu(x), a) for a > 0 (scalar or per channel). Algebra: max(a·x, 0) = a·max(x, 0)."""
+    """Relu(Mul(x, a)) → Mul(Relu(x), a); Relu(Add(Mul(x, a), b)) → Mul(Relu(Add(x, b/a)), a); for a > 0 (scalar
+    or per channel).
+
+    Algebra: max(a·x, 0) = a·max(x, 0) and max(a·x + b, 0) = a·max(x + b/a, 0) for a > 0, with b/a exact. The
+    second form is the canonical affine chain (Mul then Add) in front of a Relu that no quantizer reads directly
+    (a Relu before a pooling or a join): the scale moves on, and the Add left before the Relu is on the integer
+    grid of x where b/a is an integer (a quantized bias, whose scale is the accumulator's). Conditions: the Mul
+    (and the Add) feed only this chain; b broadcasts against a; for the second form, something other than
+    MultiThresholds reads the Relu (those absorb the chain as it is)."""
 
     op_types = ("Relu",)
 
     def match(self, model: "Model", node: ir.Node) -> Any:
         lin = _linear_input(node, 0, ("Mul",))
+        add = None
         if lin is None:
-            return None
-        rank = rank_of(node.inputs[0], constants=False)
+            add = _linear_input(node, 0, ("Add",))
+            lin = _linear_input(add[0], 1 - add[1], ("Mul",)) if add is not None else None
+            uses = node.outputs[0].uses()
+            if lin is None or uses and all(u.node.op_type == "MultiThreshold" for u in uses):
+                return None  # a quantizer reading the Relu absorbs the chain as it is
         vec = exact_value(lin[0], lin[2])
         if any(v <= 0 for v in vec.ravel()):
             return self.miss(node, "a non-positive scale cannot pass Relu")
-        return node, lin, vec
+        if add is None:
+            return node, lin, vec, None
+        b = exact_value(add[0], add[2])
+        try:
+            shifted = np.asarray(b / vec, dtype=object)  # numpy broadcasting of the two exact constants
+        except ValueError:
+            return self.miss(node, "the Add's and the Mul's constants do not broadcast")
+        return node, lin, vec, (add, shifted)
 
     def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), vec = match
-        _move_after(model, lin, ci, node, 0, vec)
+        node, (lin, ci, _), vec, shift = match
+        if shift is None:
+            _move_after(model, lin, ci, node, 0, vec)
+            return
+        (add, _, _), shifted = shift  # Relu(Add(Mul(x, a), b)) → Relu(Add(x, b/a)), the Mul after the Relu
+        k = model.add_initializer(to_float32(shifted), prefix=f"{add.name}_c")
+        new_add = ir.Node("", "Add", [lin.inputs[1 - ci], k], outputs=[model.make_value_like(add.outputs[0])],
+                          name=add.name)
+        set_exact(new_add, shifted)
+        model.graph.insert_before(node, new_add)
+        node.replace_input_with(0, new_add.outputs[0])
+        model.remove_node(add)
+        y = node.outputs[0]
+        out = model.make_value_like(y)
+        model.replace_uses(y, out)
+        kmul = model.add_initializer(to_float32(vec), prefix=f"{lin.name}_c")
+        new_mul = ir.Node("", "Mul", [y, kmul], outputs=[out], name=lin.name)
+        set_exact(new_mul, np.asarray(vec, dtype=object))
+        model.graph.insert_after(node, new_mul)
+        model.remove_node(lin)
 
 
 @register_pass(group="reorder")
@@ -354,8 +391,8 @@ class MoveLinearPastEltwiseAdd(Rule):
         sides = [_linear_input(node, i, ("Mul", "Add")) for i in (0, 1)]
         if all(s is None for s in sides):
             return None
-        for lin in sides:  # let CollapseRepeated* merge a chain first
-            if lin is not None and _linear_input(lin[0], 1 - lin[1], ("Mul", "Add")) is not None:
+        for lin in sides:  # let CollapseRepeated* merge a chain of the same op first (Add after Mul is canonical)
+            if lin is not None and _linear_input(lin[0], 1 - lin[1], (lin[0].op_type,)) is not None:
                 return None
         for side, lin in enumerate(sides):
             if lin is not None and lin[0].op_type == "Add":

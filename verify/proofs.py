@@ -23,7 +23,9 @@ datatype annotation, or the range derived from the graph: :func:`verify.annotati
 
 A MultiThreshold is matched to the original quantizer that produces its output tensor, else to the quantizer its
 name comes from (conversion names it ``<quantizer>_MultiThreshold``); a Relu right before the quantizer is part
-of the original's function (``z`` is then the Relu's input). Unmatched MultiThresholds are not proved (the random
+of the original's function (``z`` is then the Relu's input). A Relu behind data movement or max pooling (a
+layerwise-quantized network's ``Relu → MaxPool → quantizer``, which streamlining reorders) makes
+``z = max(A_c·a + B_c, 0)``: the map is fitted where ``z > 0`` and checked everywhere through the Relu. Unmatched MultiThresholds are not proved (the random
 comparison stands alone). The comparison costs ``O(C·N)`` quantizer evaluations, not one per integer (see
 :func:`_prove`).
 """
@@ -77,6 +79,8 @@ class _Match:
     z: str  # the original quantizer's input (before a Relu in front of it)
     nhwc: bool
     relu: bool = False
+    #: ``z`` is the quantizer's input, a Relu'd tensor moved by data movement/max pooling (module docstring)
+    relu_inside: bool = False
 
 
 #: ops that may produce a matched quantizer's input: the accumulator is then an affine map of it per channel (a
@@ -86,6 +90,28 @@ _AFFINE_BEFORE = frozenset({"Conv", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div"
                             "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "AveragePool",
                             "GlobalAveragePool", "ReduceMean", "Quant", "Trunc", "Concat", "Identity",
                             "QuantAvgPool2d"})
+
+
+#: ops that move (or max-pool) a Relu'd tensor on its way to a quantizer without changing that it is one
+_MOVEMENT = frozenset({"MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Concat"})
+
+
+def _relu_behind_movement(producers: dict[str, Any], z: str, depth: int = 16) -> bool:
+    """Whether every path back from ``z`` through data-movement/max-pooling ops ends at a Relu (and at least one
+    such op is passed)."""
+    node = producers.get(z)
+    if node is None or node.op_type not in _MOVEMENT or depth <= 0:
+        return False
+    computed = [v for v in node.inputs if v is not None and const_array(v) is None]
+    if not computed or (node.op_type != "Concat" and len(computed) != 1):
+        return False
+    for v in computed:
+        before = producers.get(v.name)
+        if before is None:
+            return False
+        if before.op_type != "Relu" and not _relu_behind_movement(producers, v.name, depth - 1):
+            return False
+    return True
 
 
 def _source_scale(original: Model, v: Any, depth: int = 8) -> bytes | None:
@@ -150,13 +176,15 @@ def _matches(model: Model, original: Model) -> list[_Match]:
             continue
         z, relu = q.inputs[0].name, False
         before = producers.get(z)
+        inside = _relu_behind_movement(producers, z)
         if before is not None and before.op_type == "Relu" and before.inputs and before.inputs[0] is not None:
             z, relu = before.inputs[0].name, True
         before = producers.get(z)
         if before is not None and before.op_type not in _AFFINE_BEFORE:
             continue  # a non-linear activation (Tanh, Sigmoid, PRelu, ...) between the layer and the quantizer
         layout = model.get_tensor_layout(a)
-        found.append(_Match(node, q, a, z, bool(layout) and len(layout) == 4 and layout[-1] == "C", relu))
+        found.append(_Match(node, q, a, z, bool(layout) and len(layout) == 4 and layout[-1] == "C", relu or inside,
+                            inside))
     return found
 
 
@@ -233,8 +261,12 @@ class AffineFit:
     var: np.ndarray
 
 
-def fit_affine(a3: np.ndarray, z3: np.ndarray) -> AffineFit:
-    """The per-channel fits of ``[samples, C, rest]`` arrays (see :class:`AffineFit`)."""
+def fit_affine(a3: np.ndarray, z3: np.ndarray, relu: bool = False) -> AffineFit:
+    """The per-channel fits of ``[samples, C, rest]`` arrays (see :class:`AffineFit`). With ``relu``, ``z`` is
+    ``max(slope·a + bias, 0)``: the map is fitted on the points where ``z > 0`` and the residual is that of the
+    Relu of the map, on every point."""
+    if relu:
+        return _fit_relu(a3, z3)
     mean_a, mean_z = a3.mean(axis=(0, 2)), z3.mean(axis=(0, 2))
     ac, zc = a3 - mean_a[:, None], z3 - mean_z[:, None]
     big = np.einsum("scr,scr->c", ac, ac)
@@ -245,6 +277,23 @@ def fit_affine(a3: np.ndarray, z3: np.ndarray) -> AffineFit:
         resid = np.abs(zc, out=zc).max(axis=(0, 2)) / np.abs(slope)
     ok = (big > 0) & (slope != 0)
     return AffineFit(slope, mean_z - slope * mean_a, resid, ok, mean_a, big / (a3.shape[0] * a3.shape[2]))
+
+
+def _fit_relu(a3: np.ndarray, z3: np.ndarray) -> AffineFit:
+    """:func:`fit_affine` of ``z = max(slope·a + bias, 0)``."""
+    w = (z3 > 0).astype(np.float64)
+    n = w.sum(axis=(0, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_a, mean_z = (w * a3).sum(axis=(0, 2)) / n, (w * z3).sum(axis=(0, 2)) / n
+        ac, zc = a3 - mean_a[:, None], z3 - mean_z[:, None]
+        big = np.einsum("scr,scr->c", w * ac, ac)
+        slope = np.einsum("scr,scr->c", w * ac, zc) / big
+        bias = mean_z - slope * mean_a
+        model = np.maximum(slope[:, None] * a3 + bias[:, None], 0.0)
+        resid = np.abs(model - z3).max(axis=(0, 2)) / np.abs(slope)
+    ok = (n > 0) & (big > 0) & (slope != 0)
+    return AffineFit(np.nan_to_num(slope), np.nan_to_num(bias), resid, ok, np.nan_to_num(mean_a),
+                     np.nan_to_num(big / np.maximum(n, 1)))
 
 
 def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray | dict],
@@ -319,7 +368,7 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
             lohi = (float(dt.min()), float(dt.max()), True, True)
         lo, hi = float(np.ceil(lohi[0])), float(np.floor(lohi[1]))
         # float32 first (onnxruntime: fast); float64 only where float32 disagrees (after the loop)
-        fit32 = fit_affine(a3, original_z("float32"))
+        fit32 = fit_affine(a3, original_z("float32"), relu=mt.relu_inside)
         bad = [int(c) for c in np.flatnonzero(fit32.ok & (fit32.resid > RESIDUAL32))]
         wrong32 = _prove(mt, original, thr, fit32, lo, hi, a.ndim - 2) if lo <= hi else {}
         if bad or wrong32:
@@ -365,7 +414,7 @@ class _Pending:
 
 def _verdict(p: _Pending, model: Model, original: Model, z64: list[np.ndarray]) -> ProofIssue | None:
     """The issue of ``p`` on the original's float64 accumulator ``z64`` (one array per sample), or None."""
-    fit64 = fit_affine(p.a3, _original_z3(z64, p.nhwc))
+    fit64 = fit_affine(p.a3, _original_z3(z64, p.nhwc), relu=p.mt.relu_inside)
     label, qlabel = node_label(p.mt.mt), node_label(p.mt.q)
     bad = [c for c in p.bad if fit64.ok[c] and fit64.resid[c] > RESIDUAL]
     if bad:
