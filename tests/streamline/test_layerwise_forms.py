@@ -229,3 +229,50 @@ def test_the_proof_sees_a_wrong_threshold_behind_the_relu():
     mt.replace_input_with(1, model.add_initializer(t.astype(np.float32), prefix="bad_thr"))
     final = final_check(ref, model)
     assert any("qmid" in i.quantizer for i in final.proof_issues), final.summary()
+
+
+def _residual_float_model(seed: int, po2: bool):
+    """Layerwise ResNet form: Quant(x) → two Convs with Int32 biases (scales s_in·s_w1, s_in·s_w2) → Relu of the
+    first → residual Add of the two float outputs → Relu → GlobalAveragePool → output (no quantizer after it)."""
+    rng = np.random.default_rng(seed)
+
+    def scale(lo, hi):
+        v = rng.uniform(lo, hi)
+        return np.float32(2.0 ** np.round(np.log2(v)) if po2 else v)
+
+    s_in = scale(0.01, 0.03)
+    inits = [init("s_in", s_in), init("z", np.float32(0)), init("b8", np.float32(8)), init("b32", np.float32(32))]
+    nodes = [quant_node(["x", "s_in", "z", "b8"], "xq", name="qin")]
+    for k in range(2):
+        s_w = scale(0.01, 0.05)
+        inits += [init(f"w{k}", rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32)), init(f"sw{k}", s_w),
+                  init(f"bias{k}", rng.normal(0, 0.5, 4).astype(np.float32)), init(f"sb{k}", np.float32(s_in * s_w))]
+        nodes += [quant_node([f"w{k}", f"sw{k}", "z", "b8"], f"wq{k}", narrow=1, name=f"qw{k}"),
+                  quant_node([f"bias{k}", f"sb{k}", "z", "b32"], f"bq{k}", name=f"qb{k}"),
+                  helper.make_node("Conv", ["xq", f"wq{k}", f"bq{k}"], [f"c{k}"], pads=[1, 1, 1, 1], name=f"conv{k}")]
+    nodes += [helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+              helper.make_node("Add", ["r0", "c1"], ["sum"], name="residual"),
+              helper.make_node("Relu", ["sum"], ["r1"], name="relu1"),
+              helper.make_node("GlobalAveragePool", ["r1"], ["y"], name="gap")]
+    return qgraph(nodes, {"x": [1, 3, 6, 6]}, {"y": [1, 4, 1, 1]}, inits)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_unrelated_scales_and_off_grid_biases_are_named_with_the_change(seed):
+    """Float scales: the off-grid stem bias and the residual join of unrelated scales, read by a Relu and a pool
+    (no quantizer), stay float and the report says where, why and what to change; power-of-two scales make the
+    same graph integer-only. Both agree with float64 execution of the original."""
+    for po2 in (False, True):
+        model = Model(_residual_float_model(seed, po2))
+        ref = ReferenceData.random(model, n=8, seed=seed, low=-2.0, high=2.0)
+        result = streamline_model(model)
+        text = float_report(model, result.report).text()
+        final = final_check(ref, model)
+        assert final.ok, final.summary()
+        if po2:
+            assert float_report(model, result.report).integer_only, text
+            continue
+        nodes = float_report(model, result.report).nodes
+        roots = [n for n in nodes if not n.float_inputs]
+        assert roots and all(n.cause for n in roots), text  # every float region starts at a named cause
+        assert any("joins two branches" in n.cause and "change:" in n.cause for n in nodes), text
