@@ -220,13 +220,34 @@ class RealThresholds:
         return cached
 
     def _approx(self) -> tuple[np.ndarray, np.ndarray, "RealThresholds"]:
+        """``(v, err, full)``: the thresholds in float64 and a bound on their error; ``err`` is −∞ where ``v`` is
+        exact (:meth:`_exact_rows`), so that no comparison with it asks for the exact computation."""
         full = self._full()
         a, b = full._floats()
         a, b = a[:, None], b[:, None]
         with np.errstate(invalid="ignore", over="ignore"):
-            v = (full.base - b) / a
+            d = full.base - b
+            v = d / a
             err = _EPS * (np.abs(full.base) + np.abs(b)) / a + 1e-300
-        return v, err, full
+            # exact where α is a power of two and α, β are float64 numbers (power-of-two scales, as in fixed-point
+            # quantizers): then only the subtraction can round (TwoSum gives its error) and the division is exact
+            # unless it under- or overflows (checked by multiplying back)
+            bb = d - full.base
+            rounding = (full.base - (d - bb)) + (-b - bb)
+            exact = full._exact_rows()[:, None] & (rounding == 0) & np.isfinite(v) & (v * a == d)
+        return v, np.where(exact, -np.inf, err), full
+
+    def _exact_rows(self) -> np.ndarray:
+        """Per row: α is a power of two and α, β are exactly their float64 values (cached)."""
+        cached = getattr(self, "_exact_ab", None)
+        if cached is None:
+            a, b = self._floats()
+            cached = np.array([(x.numerator & (x.numerator - 1)) == 0 and (x.denominator & (x.denominator - 1)) == 0
+                               and math.isfinite(af) and math.isfinite(bf) and Fraction(af) == x
+                               and Fraction(bf) == y
+                               for x, y, af, bf in zip(self.alpha, self.beta, a, b)], dtype=bool)
+            self._exact_ab = cached
+        return cached
 
     def _exact(self, full: "RealThresholds", c: int, m: int) -> Fraction:
         return (Fraction(float(full.base[c, m])) - full.beta[c]) / full.alpha[c]

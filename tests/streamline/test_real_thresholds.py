@@ -153,3 +153,32 @@ def test_parsed_thresholds_live_as_long_as_their_node():
     assert get_real_thresholds(node).real.tolist() == first.shifted(np.array([1.0, 2.0])).real.tolist()
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_power_of_two_rows_materialize_exactly_without_fractions(seed):
+    """Rows whose α is a power of two and whose α, β are float64 numbers (fixed-point scales) are computed in
+    float64 without the Fraction fallback; the result must be the exact one on ties and near-ties too: integer
+    thresholds ⌈R⌉ / ⌊R⌋ + 1 and the least float32 ≥ R (> R), against Fractions, rows mixed with general ones."""
+    from streamline.real_thresholds import _least_float32
+
+    rng = np.random.default_rng(seed)
+    rows, steps = 6, 9
+    # switching points s·(k − ½) with power-of-two s, some landing exactly on integers and float32 values
+    base = (2.0 ** rng.integers(-6, 3, (rows, 1))) * (np.arange(steps) - 4 + 0.5)[None, :]
+    strict = rng.random((rows, steps)) < 0.5
+    alpha = [Fraction(2) ** int(e) for e in rng.integers(-6, 8, rows)]
+    beta = [Fraction(int(n), 2 ** int(d)) for n, d in zip(rng.integers(-2**12, 2**12, rows), rng.integers(0, 20, rows))]
+    alpha[1] = Fraction(3, 7)          # a general row: the Fraction fallback
+    beta[2] = Fraction(1, 3)           # β not a float64 number
+    rt = RealThresholds(base, strict, alpha, beta)
+    assert list(rt._exact_rows()) == [True, False, False, True, True, True]
+    real = rt.real
+    got_int = rt.integer_thresholds()
+    got_f32 = rt.float_thresholds()
+    import math
+    for c, m in np.ndindex(real.shape):
+        r, s = real[c, m], bool(strict[c, m])
+        want = math.floor(r) + 1 if s else math.ceil(r)
+        assert got_int[c, m] == want, (c, m, r, s)
+        assert got_f32[c, m] == _least_float32(r, s), (c, m, r, s)
