@@ -35,6 +35,7 @@ from streamline.collapse import COLLAPSE_PASSES
 from streamline.convert import CONVERT_PASSES
 from streamline.datatypes import InferDataTypes
 from streamline.finn_pool import LowerGlobalSum
+from streamline.finn_tail import MoveOutputScaleBeforeLayout
 from streamline.join import IntegerJoinMultipliers
 from streamline.join_conv import IntegerConvInputScales
 from streamline.lower import LOWER_PASSES
@@ -98,8 +99,8 @@ def default_stages() -> list[Stage]:
         # the stage's end, the network runs once (twice where a changed encoding has to re-converge)
         Stage("lower", LOWER_PASSES, granularity="stage"),
         Stage("restreamline", streamline_passes(), fixpoint=True),
-        Stage("finalize", [SqueezeGlobalPoolOutput, LowerGlobalSum, InferDataTypes, RoundAndClipThresholds,
-                           RemoveDeadNodes, InferDataTypes, MakeNodeNamesUnique]),
+        Stage("finalize", [SqueezeGlobalPoolOutput, LowerGlobalSum, MoveOutputScaleBeforeLayout, InferDataTypes,
+                           RoundAndClipThresholds, RemoveDeadNodes, InferDataTypes, MakeNodeNamesUnique]),
     ]
 
 
