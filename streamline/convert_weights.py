@@ -12,8 +12,10 @@ Mul goes is the pass's ``scale_placement``:
   consumer's float32 sums round differently (the relative difference is of the order of float32's epsilon, which
   can move a downstream quantizer across a tie). Biases (the quantizer feeds an Add/Sub, the bias input of a Gemm,
   Conv or ConvTranspose, or such a consumer through a Reshape/Unsqueeze/Squeeze/Flatten) cannot carry a scale
-  past anything: they are folded into their exact float constant ``W_q`` (what the quantizer computes), annotated
-  FLOAT32. A quantizer none of these applies to (another consumer, a per-input-channel scale, a fractional
+  past anything: they are folded into their float constant ``W_q`` (what the quantizer computes), annotated
+  FLOAT32, together with the shape ops on the way to their Add (ConvBiasToAdd's Reshape), and the Add records the
+  exact value ``(q − z)·s`` (:func:`streamline.exact.set_exact`), which float32 rounds and float64 execution of
+  the original does not (Int32Bias: ``q`` up to 2^24, ``s = fl32(s_in·s_w)``). A quantizer none of these applies to (another consumer, a per-input-channel scale, a fractional
   zero-point, a graph output) is left in place and reported.
 * ``"before"``: ``W_int → [Add(−z)] → Mul(s) →`` consumer, whatever the consumer: the Mul computes ``(q − z)·s`` in
   the kernel's order, so the model is bit-identical to the original. The streamlining stage then moves the Mul
