@@ -229,12 +229,15 @@ class RealThresholds:
             d = full.base - b
             v = d / a
             err = _EPS * (np.abs(full.base) + np.abs(b)) / a + 1e-300
+            rows = full._exact_rows()
+            if not rows.any():
+                return v, err, full
             # exact where α is a power of two and α, β are float64 numbers (power-of-two scales, as in fixed-point
             # quantizers): then only the subtraction can round (TwoSum gives its error) and the division is exact
             # unless it under- or overflows (checked by multiplying back)
             bb = d - full.base
             rounding = (full.base - (d - bb)) + (-b - bb)
-            exact = full._exact_rows()[:, None] & (rounding == 0) & np.isfinite(v) & (v * a == d)
+            exact = rows[:, None] & (rounding == 0) & np.isfinite(v) & (v * a == d)
         return v, np.where(exact, -np.inf, err), full
 
     def _exact_rows(self) -> np.ndarray:
@@ -242,10 +245,10 @@ class RealThresholds:
         cached = getattr(self, "_exact_ab", None)
         if cached is None:
             a, b = self._floats()
-            cached = np.array([(x.numerator & (x.numerator - 1)) == 0 and (x.denominator & (x.denominator - 1)) == 0
-                               and math.isfinite(af) and math.isfinite(bf) and Fraction(af) == x
-                               and Fraction(bf) == y
-                               for x, y, af, bf in zip(self.alpha, self.beta, a, b)], dtype=bool)
+            with np.errstate(invalid="ignore"):
+                cached = np.isfinite(a) & np.isfinite(b) & (np.frexp(a)[0] == 0.5)  # float64 α a power of two
+            for i in np.flatnonzero(cached):  # only those rows pay for the exact comparisons
+                cached[i] = Fraction(float(a[i])) == self.alpha[i] and Fraction(float(b[i])) == self.beta[i]
             self._exact_ab = cached
         return cached
 
