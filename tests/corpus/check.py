@@ -45,19 +45,25 @@ def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
     return entries
 
 
-def committed_entries() -> dict[str, dict[str, Any]]:
-    """The committed models' manifest entries (with ``dir``)."""
-    return {k: e for k, e in _manifest(COMMITTED).items() if not e.get("cached")}
+def committed_entries(subdir: str | None = None) -> dict[str, dict[str, Any]]:
+    """The committed models' manifest entries (with ``dir``): the corpus of ``tests/corpus/models``, or with
+    ``subdir`` a recipe folder of it (``recipes_layout``: ``tests/corpus/export_recipes_layout.py``)."""
+    return {k: e for k, e in _manifest(_folder(COMMITTED, subdir)).items() if not e.get("cached")}
 
 
-def corpus_names() -> set[str]:
-    """Every model of the corpus, committed or cached (the committed manifest lists both)."""
-    return set(_manifest(COMMITTED))
+def corpus_names(subdir: str | None = None) -> set[str]:
+    """Every model of the corpus (or recipe folder), committed or cached (the committed manifest lists both)."""
+    return set(_manifest(_folder(COMMITTED, subdir)))
 
 
-def cached_entries() -> dict[str, dict[str, Any]]:
-    """The cache directory's manifest entries (with ``dir``); empty when the cache is absent."""
-    return _manifest(cache_dir())
+def cached_entries(subdir: str | None = None) -> dict[str, dict[str, Any]]:
+    """The cache directory's manifest entries (with ``dir``); empty when the cache is absent. With ``subdir``:
+    the recipe folder's, in the cache's folder of that name."""
+    return _manifest(_folder(cache_dir(), subdir))
+
+
+def _folder(base: Path, subdir: str | None) -> Path:
+    return base / subdir if subdir else base
 
 
 def model_path(entry: dict[str, Any]) -> Path:
@@ -75,6 +81,9 @@ class CorpusResult:
     leftovers: list[str] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
     transposes: int = 0
+    #: Transposes allowed: one per image (4-D) graph input, at least one, and one per image graph output (an image
+    #: output is NCHW, computed in NHWC: it needs its Transpose back, at the tail, as an image input at the head)
+    transposes_allowed: int = 1
     exact: bool | None = None
     mismatch: str = ""
     seconds: float = 0.0
@@ -100,11 +109,24 @@ class CorpusResult:
             out.append(f"left over: {', '.join(self.leftovers)}")
         if not self.tail_ok:
             out.append(f"output dequantization is more than one Mul and one Add: {', '.join(self.tail)}")
-        if self.transposes > 1:
-            out.append(f"{self.transposes} Transposes")
+        if self.transposes > self.transposes_allowed:
+            out.append(f"{self.transposes} Transposes (at most {self.transposes_allowed}: one per image input and "
+                       "output)")
         if self.exact is False:
             out.append(f"differs from float64 execution of the original: {self.mismatch}")
         return out
+
+
+def input_ranges(model: Any, entry: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """The manifest's input range of each graph input, by name: one ``[lo, hi]`` for a model with one input, one
+    range per input (in the graph's input order) for a model with several."""
+    names = [v.name for v in model.graph.inputs]
+    ranges = entry["input_range"]
+    if not isinstance(ranges[0], (list, tuple)):
+        ranges = [ranges] * len(names)
+    if len(ranges) != len(names):
+        raise ValueError(f"the manifest gives {len(ranges)} input ranges for the {len(names)} inputs {names}")
+    return {name: (float(lo), float(hi)) for name, (lo, hi) in zip(names, ranges)}
 
 
 def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int = 0,
@@ -119,8 +141,10 @@ def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int =
     result = CorpusResult(name)
     model = Model(model_path(entry))
     result.nodes_before = len(model)
-    lo, hi = entry["input_range"]
-    reference = ReferenceData.random(model, n=samples, seed=seed, low=lo, high=hi)
+    images = [sum(1 for v in values if v.shape is not None and len(v.shape) == 4)
+              for values in (model.graph.inputs, model.graph.outputs)]
+    result.transposes_allowed = max(1, images[0]) + images[1]
+    reference = ReferenceData.random(model, n=samples, seed=seed, ranges=input_ranges(model, entry))
     t0 = time.perf_counter()
     try:
         report = streamline(model, verify=verify, extras=False)
