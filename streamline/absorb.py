@@ -211,11 +211,14 @@ class AbsorbMulIntoMultiThreshold(Rule):
 
 
 def _weight_channel_axis(node: ir.Node) -> int | None:
-    """The output-channel axis of a MatMul ([K, N]: 1) or Conv ([O, I/g, ...]: 0) weight."""
+    """The output-channel axis of a MatMul ([K, N]: 1), Conv ([O, I/g, ...]: 0) or ungrouped ConvTranspose
+    ([I, O, ...]: 1) weight."""
     if node.op_type == "MatMul":
         return 1
     if node.op_type == "Conv":
         return 0
+    if node.op_type == "ConvTranspose" and ("group" not in node.attributes or node.attributes["group"].value == 1):
+        return 1
     return None
 
 
@@ -236,7 +239,7 @@ class SignedScale:
 
 @register_pass(group="absorb")
 class AbsorbSignIntoWeights(Rule):
-    """Mul(Conv/MatMul(x, W), a) with per-channel a of mixed sign → Mul(Conv/MatMul(x, W·σ), |a|), σ = sign(a).
+    """Mul(Conv/MatMul/ConvTranspose(x, W), a) with per-channel a of mixed sign → Mul(…(x, W·σ), |a|), σ = sign(a).
 
     Algebra: negating output channel c of the weights negates output c, so (x·W)_c · a_c = (x·(−W))_c · |a_c|.
     Conditions: W is a constant integer tensor, the product feeds only the Mul, a varies only along the output
@@ -257,7 +260,7 @@ class AbsorbSignIntoWeights(Rule):
         if w is None or not np.array_equal(w, np.round(w)):
             return None
         rank = len(x.shape) if x.shape is not None else None
-        out_axis = 1 if prod.op_type == "Conv" else (rank - 1 if rank else None)
+        out_axis = 1 if prod.op_type in ("Conv", "ConvTranspose") else (rank - 1 if rank else None)
         if rank is None or out_axis is None:
             return None
         vec = channel_vector(exact_value(node, c[1]), rank, out_axis)

@@ -20,6 +20,8 @@ from finnlite.core.graphutil import add_constant, rank_of
 from finnlite.core.passes import Miss
 from finnlite.core.shapes import const_array
 from streamline.exact import EXACT_KEY, exact_value, set_exact
+from streamline.algebra import movement
+from streamline.layout_reshape import reshape_in_place, reshape_target
 from streamline.lower_common import (TO_NHWC, Perm, annotated_or_values, attr, copy_annotations, identity, inverse,
                                      is_op, new_value, permute_layout, set_attr, then, transpose_perm)
 from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
@@ -222,8 +224,12 @@ class LayoutWalk:
             self._elementwise(node, reps)
         elif is_op(node, "Concat", custom=False):
             self._concat(node, reps)
-        elif is_op(node, "Flatten", "Reshape", custom=False):
-            self._flatten(node, reps)
+        elif is_op(node, "Flatten", "Reshape", "Squeeze", "Unsqueeze", custom=False):
+            self._reshape(node, reps)
+        elif is_op(node, "Resize", "Upsample", custom=False) and movement(node) is not None:
+            self._resize(node, reps)
+        elif is_op(node, "Gather", custom=False):
+            self._gather(node, reps)
         elif is_op(node, "MatMul", custom=False):
             self._matmul(node, reps)
         else:
@@ -405,33 +411,127 @@ class LayoutWalk:
         set_attr(node, ir.AttrInt64("axis", target.index(axis)))
         self._set_output(node.outputs[0], target)
 
-    def _flatten(self, node: ir.Node, reps: list[Rep | None]) -> None:
-        """A flatten ``[N, ...] → [N, F]`` of ``u = t.transpose(p)`` with ``p[0] = 0`` is ``flat(t)[:, cols]``:
-        kept as is when every consumer of the result can take the feature order (:meth:`sinkable`)."""
+    def _reshape(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """A Reshape (Flatten, Squeeze, Unsqueeze) of ``u = t.transpose(p)``: where its groups of axes stay whole
+        and in order in ``u``, a Reshape of ``u`` itself (:func:`streamline.layout_reshape.reshape_in_place`); else
+        a flatten to ``[N, F]`` is kept as ``flat(t)[:, cols]`` when every consumer can take the feature order
+        (:meth:`sinkable`); else one Transpose of ``u`` first puts the groups in order, chosen so that the result is
+        NHWC (a 4-D NCHW tensor) or in its original layout (a graph output, other ranks)."""
         r, out = reps[0], node.outputs[0]
         phys, out_shape = (_shape(r.value) if r is not None else None), _shape(out)
-        if r is None or r.cols is not None or phys is None or out_shape is None or len(phys) != len(r.perm):
-            self._fallback(node, "flatten of a tensor without static shape")
+        if r is None or r.cols is not None or phys is None or out_shape is None or len(phys) != len(r.perm) \
+                or any(d < 0 for d in phys) or any(d < 0 for d in out_shape):
+            self._fallback(node, f"{node.op_type} of a tensor without static shape or with a feature order")
             return
         in_shape = tuple(phys[i] for i in inverse(r.perm))  # the original tensor's shape
+        preferred = None
+        if self._feeds_output(out):
+            preferred = identity(len(out_shape))
+        elif len(out_shape) == 4 and self._logical_layout(out) == DEFAULT_LAYOUT[4]:
+            preferred = TO_NHWC
+        q = reshape_in_place(r.perm, in_shape, out_shape, preferred)
+        if q is not None:
+            self._as_reshape(node, r.value, [out_shape[b] for b in q])
+            self._set_output(out, q)
+            return
         flatten = (len(out_shape) == 2 and out_shape[0] == in_shape[0] and r.perm and r.perm[0] == 0
-                   and all(d > 0 for d in in_shape)
-                   and (node.op_type == "Reshape" or int(attr(node, "axis", 1)) == 1))
-        if not flatten:
-            self._fallback(node, f"{node.op_type} is not a flatten to [N, features]")
+                   and (node.op_type == "Reshape" or (node.op_type == "Flatten" and int(attr(node, "axis", 1)) == 1)))
+        if flatten:
+            inner = [p - 1 for p in r.perm[1:]]
+            cols = tuple(int(c) for c in np.arange(int(np.prod(in_shape[1:]))).reshape(in_shape[1:])
+                         .transpose(inner).ravel())
+            if self.sinkable(out, len(cols)):
+                self._as_reshape(node, r.value, list(out_shape))
+                self._set_output(out, identity(2), cols)
+                return
+        target, q = reshape_target(in_shape, out_shape, preferred or identity(len(out_shape)))
+        if target != r.perm:
+            self._miss(node, "the reshaped axes are not in order in the NHWC tensor: Transpose to "
+                       + ("the original order inserted" if target == identity(len(target)) else
+                          f"the order {list(target)} inserted"))
+        self._as_reshape(node, self.materialize(node.inputs[0], target, node), [out_shape[b] for b in q])
+        self._set_output(out, q)
+
+    @staticmethod
+    def _feeds_output(v: ir.Value) -> bool:
+        """True if ``v`` is a graph output, or reaches one through single-consumer elementwise ops with scalar
+        constants only (the output dequantization): its layout there is the original one."""
+        while not v.is_graph_output():
+            uses = list(v.uses())
+            if len(uses) != 1:
+                return False
+            n = uses[0].node
+            if not _is_elementwise(n) or len(n.outputs) != 1 or any(
+                    w is not None and w is not v and (const_array(w) is None or const_array(w).size != 1)
+                    for w in n.inputs):
+                return False
+            v = n.outputs[0]
+        return True
+
+    def _as_reshape(self, node: ir.Node, data: ir.Value, shape: list[int]) -> None:
+        """Make ``node`` a Reshape of ``data`` to the constant ``shape`` (a Flatten, Squeeze or Unsqueeze becomes
+        one)."""
+        k = add_constant(self.model, np.asarray(shape, np.int64), f"{node.name or 'reshape'}_shape", None)
+        if node.op_type != "Reshape":
+            node.op_type = "Reshape"
+            node.attributes.clear()
+            old = [v for v in node.inputs[1:] if v is not None]
+            node.resize_inputs(2)
+            self.model.drop_if_unused(*old)
+        old_shape = node.inputs[1]
+        if old_shape is not None and const_array(old_shape) is not None and \
+                list(np.asarray(const_array(old_shape)).ravel()) == shape:
+            self.model.drop_if_unused(k)
+        else:
+            self._set_input(node, 1, k)
+        self._set_input(node, 0, data)
+        self.edits += 1
+
+    def _resize(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """A nearest-neighbour Resize of ``u = t.transpose(p)`` is the Resize of ``u`` with its per-axis ``roi``,
+        ``scales`` and ``sizes`` (and ``axes``) permuted the same way: each axis is resampled on its own."""
+        r = reps[0]
+        rank = len(r.perm) if r is not None else None
+        if r is None or r.cols is not None or rank is None or "axes" in node.attributes or \
+                any(v is not None and const_array(v) is None for v in node.inputs[1:]):
+            self._fallback(node, "Resize with dynamic or per-axis-subset parameters")
             return
-        inner = [p - 1 for p in r.perm[1:]]
-        cols = tuple(int(c) for c in np.arange(int(np.prod(in_shape[1:]))).reshape(in_shape[1:])
-                     .transpose(inner).ravel())
-        if cols == tuple(range(len(cols))):
-            self._set_input(node, 0, r.value)
-            self._set_output(out, identity(2))
-            return
-        if not self.sinkable(out, len(cols)):
-            self._fallback(node, "the flattened features reach an op that needs their original order")
-            return
+        perm = np.asarray(r.perm)
+        for i, v in enumerate(node.inputs[1:], start=1):
+            arr = const_array(v) if v is not None else None
+            if arr is None or arr.size == 0:
+                continue
+            if node.op_type == "Resize" and i == 1:  # roi: [starts..., ends...]
+                if arr.size != 2 * rank:
+                    self._fallback(node, "a Resize roi that does not match the rank")
+                    return
+                fn: Callable[[np.ndarray], np.ndarray] = lambda a: np.concatenate([a[:rank][perm], a[rank:][perm]])
+            elif arr.size == rank:
+                fn = lambda a: a[perm]  # noqa: E731
+            else:
+                self._fallback(node, "Resize parameters that do not match the rank")
+                return
+            self._set_input(node, i, self._permuted_const(v, arr, ("axes", r.perm), fn))
         self._set_input(node, 0, r.value)
-        self._set_output(out, identity(2), cols)
+        self._set_output(node.outputs[0], r.perm)
+
+    def _gather(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """A Gather with constant indices along axis a of ``u = t.transpose(p)`` is the Gather along ``p⁻¹(a)``;
+        scalar indices remove that axis (the permutation of the others is renumbered)."""
+        r, idx = reps[0], const_array(node.inputs[1])
+        if r is None or r.cols is not None or idx is None or idx.ndim > 1 or not r.perm:
+            self._fallback(node, "Gather of dynamic or multi-dimensional indices")
+            return
+        rank = len(r.perm)
+        axis = int(attr(node, "axis", 0)) % rank
+        set_attr(node, ir.AttrInt64("axis", r.perm.index(axis)))
+        self._set_input(node, 0, r.value)
+        if idx.ndim == 1:
+            self._set_output(node.outputs[0], r.perm)
+        else:
+            kept = [a for a in r.perm if a != axis]
+            self._set_output(node.outputs[0], tuple(a - (a > axis) for a in kept))
+        self.edits += 1
 
     def sinkable(self, v: ir.Value, features: int) -> bool:
         """True if every path from ``v`` ends in a MatMul with a constant weight, passing only through

@@ -2,7 +2,7 @@
 
 A quantizer followed by a BatchNorm with negative gammas (or any per-channel factor of mixed sign) puts
 ``Mul(a)`` with some ``a_c < 0`` between a MultiThreshold and a MaxPool. ``max(a_c·y) = a_c·min(y)`` there, so the
-factor cannot pass the MaxPool (:class:`streamline.reorder.MoveLinearPastMaxPool` takes ``a ≥ 0``), and a
+factor cannot pass the MaxPool (:class:`streamline.move.MoveMulPastLinear` takes ``a ≥ 0``), and a
 per-channel sign cannot be a MultiThreshold's ``out_scale`` (one value per node).
 :class:`AbsorbChannelSignIntoMultiThreshold` moves the sign of each negative channel back through the MultiThreshold into the weights of
 the Conv before it, leaving ``|a|``, which then passes the MaxPool.
