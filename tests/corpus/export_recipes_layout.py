@@ -202,7 +202,9 @@ class SubpixelUpsample(nn.Module):
 class UNet(nn.Module):
     """Two encoder stages (conv, BN, ReLU quantizer, MaxPool), a bottleneck, and two decoder stages, each a
     ``QuantConvTranspose2d`` (kernel 2, stride 2, or kernel 3, stride 2, padding 1, output_padding 1) with BN and a
-    ReLU quantizer, concatenated with the encoder's skip tensor, then a conv; a 1×1 conv head to a 4-D map."""
+    ReLU quantizer, concatenated with the encoder's skip tensor, then a conv; a 1×1 conv head to a 4-D map. As FINN
+    flows want it, the two inputs of each Concat share one quantizer (the skip tensor is requantized by the decoder's
+    ReLU quantizer), so that the concatenation has one scale."""
 
     def __init__(self, k3: bool = False, bits: int = 4) -> None:
         super().__init__()
@@ -224,9 +226,9 @@ class UNet(nn.Module):
         s2 = self.ae2(self.be2(self.e2(F.max_pool2d(s1, 2))))
         m = self.am(self.bm(self.m(F.max_pool2d(s2, 2))))
         y = self.au2(self.bu2(self.u2(m)))
-        y = self.ad2(self.bd2(self.d2(torch.cat([y, s2], dim=1))))
+        y = self.ad2(self.bd2(self.d2(torch.cat([y, self.au2(s2)], dim=1))))
         y = self.au1(self.bu1(self.u1(y)))
-        y = self.ad1(self.bd1(self.d1(torch.cat([y, s1], dim=1))))
+        y = self.ad1(self.bd1(self.d1(torch.cat([y, self.au1(s1)], dim=1))))
         return self.head(y)
 
 
