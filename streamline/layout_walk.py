@@ -16,7 +16,7 @@ import onnx_ir as ir
 
 from custom_ops.multithreshold import channel_axis_of
 from finnlite.core.errors import PassError
-from finnlite.core.graphutil import add_constant, rank_of
+from finnlite.core.graphutil import add_constant, rank_of, set_feature_order
 from finnlite.core.passes import Miss
 from finnlite.core.shapes import const_array
 from streamline.exact import EXACT_KEY, exact_value, set_exact
@@ -207,7 +207,7 @@ class LayoutWalk:
                 and const_array(node.inputs[0]) is None:
             self._transpose(node, reps[0])
             return
-        if all(r is None or r.plain for r in reps):
+        if all(r is None or r.plain for r in reps) and not self._unsqueezes_to_nhwc(node):
             for i, (v, r) in enumerate(zip(node.inputs, reps)):
                 if r is not None and r.value is not v:
                     self._set_input(node, i, r.value)  # behind a removed Transpose pair
@@ -395,6 +395,9 @@ class LayoutWalk:
     def _concat(self, node: ir.Node, reps: list[Rep | None]) -> None:
         rank = rank_of(node.outputs[0])
         dyn = [r for v, r in zip(node.inputs, reps) if v is not None and r is not None and const_array(v) is None]
+        if rank == 2 and any(r.cols is not None for r in dyn) and int(attr(node, "axis", 0)) % 2 == 1:
+            self._concat_cols(node, reps)
+            return
         if rank is None or any(r.cols is not None or len(r.perm) != rank for r in dyn):
             self._fallback(node, "Concat of tensors of another rank or feature order")
             return
@@ -410,6 +413,22 @@ class LayoutWalk:
         axis = int(attr(node, "axis", 0)) % rank
         set_attr(node, ir.AttrInt64("axis", target.index(axis)))
         self._set_output(node.outputs[0], target)
+
+    def _concat_cols(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """A Concat of ``[N, F_k]`` features along axis 1, some of them in a feature order (after a flatten): the
+        result is in the order of the orders, each shifted past the features before it (the consumers, checked by
+        :meth:`sinkable`, take it)."""
+        cols: list[int] = []
+        for i, (v, r) in enumerate(zip(node.inputs, reps)):
+            shape = _shape(r.value) if r is not None else None
+            if r is None or const_array(v) is not None or shape is None or len(shape) != 2 or \
+                    (r.cols is None and not r.plain):
+                raise PassError("internal: a Concat of features admitted without a rule", node=node.name)
+            order = r.cols if r.cols is not None else tuple(range(shape[1]))
+            offset = len(cols)
+            cols.extend(offset + c for c in order)
+            self._set_input(node, i, r.value)
+        self._set_output(node.outputs[0], identity(2), tuple(cols))
 
     def _reshape(self, node: ir.Node, reps: list[Rep | None]) -> None:
         """A Reshape (Flatten, Squeeze, Unsqueeze) of ``u = t.transpose(p)``: where its groups of axes stay whole
@@ -451,6 +470,18 @@ class LayoutWalk:
                           f"the order {list(target)} inserted"))
         self._as_reshape(node, self.materialize(node.inputs[0], target, node), [out_shape[b] for b in q])
         self._set_output(out, q)
+
+    def _unsqueezes_to_nhwc(self, node: ir.Node) -> bool:
+        """True for a reshape of a tensor in its original layout to a 4-D NCHW tensor that it can write in NHWC
+        directly (``[N, C] → [N, C, 1, 1]``: a gate broadcast against feature maps), not to a graph output."""
+        if not is_op(node, "Reshape", "Unsqueeze", "Flatten", "Squeeze", custom=False):
+            return False
+        out, x = node.outputs[0], node.inputs[0]
+        s_in, s_out = (_shape(x) if x is not None else None), _shape(out)
+        if s_in is None or s_out is None or len(s_out) != 4 or len(s_in) == 4 or self._feeds_output(out) or \
+                any(d < 0 for d in s_in + s_out) or self._logical_layout(out) != DEFAULT_LAYOUT[4]:
+            return False
+        return reshape_in_place(identity(len(s_in)), s_in, s_out, TO_NHWC) == TO_NHWC
 
     @staticmethod
     def _feeds_output(v: ir.Value) -> bool:
@@ -535,11 +566,11 @@ class LayoutWalk:
 
     def sinkable(self, v: ir.Value, features: int) -> bool:
         """True if every path from ``v`` ends in a MatMul with a constant weight, passing only through
-        MultiThresholds and elementwise ops with scalar or per-feature constants (the ops that have a rule for a
-        feature order), and ``v`` reaches no graph output."""
-        stack, seen = [v], set()
+        MultiThresholds, elementwise ops with scalar or per-feature constants and Concats along the features (the
+        ops that have a rule for a feature order), and ``v`` reaches no graph output."""
+        stack, seen = [(v, features)], set()
         while stack:
-            cur = stack.pop()
+            cur, feats = stack.pop()
             if cur in seen:
                 continue
             seen.add(cur)
@@ -549,20 +580,25 @@ class LayoutWalk:
                 n = use.node
                 if use.idx == 0 and is_op(n, "MatMul", custom=False):
                     w = const_array(n.inputs[1])
-                    if w is None or w.ndim != 2 or w.shape[0] != features:
+                    if w is None or w.ndim != 2 or w.shape[0] != feats:
                         return False
                 elif use.idx == 0 and is_op(n, "MultiThreshold", custom=True) and \
                         const_array(n.inputs[1]) is not None:
-                    stack.append(n.outputs[0])
+                    stack.append((n.outputs[0], feats))
+                elif is_op(n, "Concat", custom=False) and int(attr(n, "axis", 0)) in (1, -1):
+                    shapes = [_shape(w) for w in n.inputs]
+                    if any(s is None or len(s) != 2 or s[1] < 0 for s in shapes):
+                        return False
+                    stack.append((n.outputs[0], sum(s[1] for s in shapes)))
                 elif _is_elementwise(n) and len(n.outputs) == 1:
                     for j, other in enumerate(n.inputs):
                         if other is None or j == use.idx:
                             continue
                         arr = const_array(other)
-                        if arr is None or (arr.size != 1 and arr.size != features) or \
-                                (arr.size == features and arr.shape[-1] != features):
+                        if arr is None or (arr.size != 1 and arr.size != feats) or \
+                                (arr.size == feats and arr.shape[-1] != feats):
                             return False
-                    stack.append(n.outputs[0])
+                    stack.append((n.outputs[0], feats))
                 else:
                     return False
         return True
@@ -619,7 +655,7 @@ class LayoutWalk:
 
     def _annotate(self) -> None:
         """``tensor_layout`` of every tensor the walk saw that is still in the graph: its original layout, permuted
-        as its representation is."""
+        as its representation is; a tensor in a feature order records it (the final check reads it)."""
         for original, lay in self.logical.items():
             if lay is None:
                 continue
@@ -629,3 +665,4 @@ class LayoutWalk:
             if not alive or (r.cols is None and len(r.perm) != len(lay)):
                 continue
             self.model.set_tensor_layout(v.name, lay if r.cols is not None else permute_layout(lay, r.perm))
+            set_feature_order(v, r.cols)

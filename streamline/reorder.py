@@ -262,7 +262,35 @@ class MoveLinearPastEltwiseAdd(Rule):
             _move_after(model, lin, ci, node, side, exact_value(lin, val))
 
 
+@register_pass(group="reorder")
+class MoveMulPastEltwiseMul(Rule):
+    """Mul(Mul(x, a), y) → Mul(Mul(x, y), a) for a constant a and a computed y (either input of the product).
+
+    Algebra: products commute and associate, broadcasting included: every output element is a·x·y with the
+    elements of a, x and y its broadcast picks. So a gated product of two quantized tensors (squeeze-excitation:
+    features times a quantized sigmoid gate) becomes the integer product of their levels (FINN's ElementwiseMul)
+    times the product of their scales, which moves on into the next thresholds. Conditions: the inner Mul feeds only
+    the product; the product has two computed inputs."""
+
+    op_types = ("Mul",)
+
+    def match(self, model: "Model", node: ir.Node) -> Any:
+        if not is_standard_domain(node.domain) or len(node.inputs) != 2 or const_operand(node) is not None:
+            return None
+        if any(v is None or const_array(v) is not None for v in node.inputs):
+            return None
+        for side in (0, 1):
+            lin = _linear_input(node, side, ("Mul",))
+            if lin is not None:
+                return node, side, lin
+        return None
+
+    def rewrite(self, model: "Model", match: Any) -> None:
+        node, side, (lin, ci, val) = match
+        _move_after(model, lin, ci, node, side, exact_value(lin, val))
+
+
 #: The reorder rules, in the order a round applies them (with the table-driven ones of streamline.move).
 REORDER_PASSES = [MoveLinearPastFork, MoveMulPastLinear, MoveAddPastMatMul, MoveAddPastConv, MoveAddPastAveraging,
-                  MoveMulPastRelu, MoveLinearPastDataMovement, MoveLinearPastEltwiseAdd,
+                  MoveMulPastRelu, MoveLinearPastDataMovement, MoveLinearPastEltwiseAdd, MoveMulPastEltwiseMul,
                   MoveDataMovementPastElementwise]

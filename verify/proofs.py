@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from custom_ops.multithreshold import multithreshold
+from finnlite.core.graphutil import feature_order
 from finnlite.core.model import Model
 from finnlite.core.shapes import const_array
 from verify.annotations import derived_ranges
@@ -74,6 +75,12 @@ class _Match:
     z: str  # the original quantizer's input (before a Relu in front of it)
     nhwc: bool
     relu: bool = False
+    #: the streamlined 2-D tensor's features in the original's order (after an NHWC flatten), or None
+    cols: np.ndarray | None = None
+
+    def ordered(self, zs: list[np.ndarray]) -> list[np.ndarray]:
+        """The original's tensors ``zs`` with their features in the streamlined tensor's order."""
+        return zs if self.cols is None else [np.asarray(z)[..., self.cols] for z in zs]
 
 
 #: ops that may produce a matched quantizer's input: the accumulator is then an affine map of it per channel (a
@@ -153,7 +160,10 @@ def _matches(model: Model, original: Model) -> list[_Match]:
         if before is not None and before.op_type not in _AFFINE_BEFORE:
             continue  # a non-linear activation (Tanh, Sigmoid, PRelu, ...) between the layer and the quantizer
         layout = model.get_tensor_layout(a)
-        found.append(_Match(node, q, a, z, bool(layout) and len(layout) == 4 and layout[-1] == "C", relu))
+        cols = feature_order(model.value(a))
+        if cols is not None and np.size(const_array(q.inputs[1]) if len(q.inputs) > 1 else None) != 1:
+            continue  # per-feature quantizer parameters in another order: the output comparison judges it
+        found.append(_Match(node, q, a, z, bool(layout) and len(layout) == 4 and layout[-1] == "C", relu, cols))
     return found
 
 
@@ -290,7 +300,7 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
             nhwc = True  # the streamlined tensor is NHWC (annotated, or seen by its shape)
 
         def original_z(dtype: str, mt: _Match = mt, nhwc: bool = nhwc) -> np.ndarray:
-            return _original_z3([v[mt.z] for v in original_values(dtype)], nhwc)
+            return _original_z3(mt.ordered([v[mt.z] for v in original_values(dtype)]), nhwc)
 
         if a.shape != (moved if nhwc and len(z_shape) == 5 else z_shape) or a.ndim < 3:
             continue
@@ -324,9 +334,9 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
     for p in pending:
         issue = None
         if local is not None and all(p.mt.z in local[i] for i in sample_ids):
-            issue = _verdict(p, model, original, [local[i][p.mt.z] for i in sample_ids])
+            issue = _verdict(p, model, original, p.mt.ordered([local[i][p.mt.z] for i in sample_ids]))
         if local is None or issue is not None:
-            issue = _verdict(p, model, original, [v[p.mt.z] for v in original_values("float64")])
+            issue = _verdict(p, model, original, p.mt.ordered([v[p.mt.z] for v in original_values("float64")]))
         if issue is not None:
             issues.append(issue)
     return issues

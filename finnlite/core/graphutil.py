@@ -20,12 +20,14 @@ from finnlite.core.tensors import DepthwiseWeight
 if TYPE_CHECKING:
     from finnlite.core.model import Model
 
-__all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "clip_bounds", "is_standard_domain", "rank_of", "take_over",
-           "zero_padded"]
+__all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "clip_bounds", "feature_order", "is_standard_domain",
+           "rank_of", "set_feature_order", "take_over", "zero_padded"]
 
 _QA_KEY = "quant_parameter_tensor_names"  # where Model keeps annotations (see finnlite.core.model)
 _DT_KEY = "finn_datatype"
 _LAYOUT_KEY = "tensor_layout"
+#: the order of a 2-D tensor's features relative to the original model's (after a flatten of an NHWC tensor)
+_ORDER_KEY = "finnlite_feature_order"
 
 
 def rank_of(v: ir.Value | None, *, constants: bool = True) -> int | None:
@@ -59,6 +61,38 @@ def annotate(v: ir.Value, datatype: BaseDataType | str | None = None, layout: Se
     if layout is not None:
         ann[_LAYOUT_KEY] = str([str(x) for x in layout])
     v.meta[_QA_KEY] = ann
+
+
+def set_feature_order(v: ir.Value, cols: Sequence[int] | None) -> None:
+    """Record that feature ``j`` of the 2-D tensor ``v`` is feature ``cols[j]`` of the original model's tensor of
+    that name (None removes the record). Stored as arithmetic runs ``[start, step, count]`` (a flatten of an NHWC
+    tensor is one run per pixel), under ``finnlite_feature_order`` in the tensor's quantization annotation."""
+    ann = dict(v.meta.get(_QA_KEY) or {})
+    if cols is None:
+        ann.pop(_ORDER_KEY, None)
+    else:
+        runs: list[list[int]] = []
+        for c in (int(c) for c in cols):
+            if runs and runs[-1][2] == 1:
+                runs[-1][1], runs[-1][2] = c - runs[-1][0], 2
+            elif runs and runs[-1][0] + runs[-1][1] * runs[-1][2] == c:
+                runs[-1][2] += 1
+            else:
+                runs.append([c, 1, 1])
+        ann[_ORDER_KEY] = str(runs)
+    v.meta[_QA_KEY] = ann
+
+
+def feature_order(v: ir.Value | None) -> np.ndarray | None:
+    """The feature order recorded by :func:`set_feature_order` on ``v``, or None."""
+    ann = (v.meta.get(_QA_KEY) or {}) if v is not None else {}
+    text = ann.get(_ORDER_KEY)
+    if not text:
+        return None
+    import ast
+
+    runs = ast.literal_eval(text)
+    return np.concatenate([start + step * np.arange(count) for start, step, count in runs]).astype(np.int64)
 
 
 def add_constant(model: "Model", array: np.ndarray | DepthwiseWeight, prefix: str,

@@ -6,8 +6,9 @@ the default pipeline (:func:`finnlite.build.streamline`, what the CLI runs, with
 measures what the corpus test asserts and the corpus report (``python -m bench.corpus``) prints:
 
 * integer-only: no interior float node (:func:`verify.float_report`), no Quant / BipolarQuant / Trunc /
-  BatchNormalization left, and the output dequantization at most one Mul and one Add (and shape ops);
-* at most one Transpose;
+  BatchNormalization left, and each output's dequantization at most one Mul and one Add (and shape ops);
+* at most one Transpose per image (4-D) graph input (one at least), and one per image graph output (its way back to
+  NCHW at the tail);
 * exact: agreement with float64 execution of the original on 32 inputs drawn from the manifest's input range (the
   input quantizer's), through :func:`verify.final_check` with ``float64="all"`` (the same comparison as the
   CLI's final check, on every sample).
@@ -80,6 +81,8 @@ class CorpusResult:
     float_nodes: list[str] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
+    #: the output dequantization of each graph output (op types), when the outputs are several
+    tails: list[list[str]] = field(default_factory=list)
     transposes: int = 0
     #: Transposes allowed: one per image (4-D) graph input, at least one, and one per image graph output (an image
     #: output is NCHW, computed in NHWC: it needs its Transpose back, at the tail, as an image input at the head)
@@ -92,9 +95,12 @@ class CorpusResult:
 
     @property
     def tail_ok(self) -> bool:
-        ops = [t.split(" ", 1)[0] for t in self.tail]
-        arithmetic = [o for o in ops if o not in _SHAPE_OPS]
-        return all(o in ("Mul", "Add") for o in arithmetic) and ops.count("Mul") <= 1 and ops.count("Add") <= 1
+        """At most one Mul and one Add (and shape ops) dequantize each graph output."""
+        for ops in self.tails or [[t.split(" ", 1)[0] for t in self.tail]]:
+            arithmetic = [o for o in ops if o not in _SHAPE_OPS]
+            if not all(o in ("Mul", "Add") for o in arithmetic) or ops.count("Mul") > 1 or ops.count("Add") > 1:
+                return False
+        return True
 
     def problems(self) -> list[str]:
         """Every requirement the result misses, one line each (empty: the model passes)."""
@@ -160,6 +166,12 @@ def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int =
     if floats is not None:
         result.float_nodes = [f"{n.op_type} '{n.name}'" for n in floats.nodes]
         result.tail = list(floats.dequantization)
+    if len(model.graph.outputs) > 1:
+        from verify.final import integer_tail
+
+        for out in model.graph.outputs:
+            found = integer_tail(model, out.name)
+            result.tails.append([n.op_type for n in found[1]] if found is not None else ["(no integer tensor)"])
     ops = model.op_histogram()
     result.leftovers = [f"{ops[o]} {o}" for o in LEFTOVER_OPS if ops.get(o)]
     result.transposes = ops.get("Transpose", 0)

@@ -278,8 +278,9 @@ class InceptionPool(nn.Module):
 # -- 5 two inputs, two outputs ------------------------------------------------------------------------------------------
 class TwoInTwoOut(nn.Module):
     """An image (8-bit input quantizer, two convs with BN and ReLU quantizers, the second with stride 2) and a side
-    vector (its own input quantizer), concatenated after a Flatten, a FC + BN + ReLU quantizer and the main head;
-    an auxiliary head from the image features: global average pool, requantizer, FC."""
+    vector, concatenated after a Flatten, a FC + BN + ReLU quantizer and the main head; an auxiliary head from the
+    image features: global average pool, requantizer, FC. The side vector's input quantizer also requantizes the
+    flattened image features (one quantizer on both inputs of the Concat, as FINN flows want)."""
 
     def __init__(self, side: int = 6, width: int = 8, bits: int = 4) -> None:
         super().__init__()
@@ -294,7 +295,7 @@ class TwoInTwoOut(nn.Module):
 
     def forward(self, x, v):
         f = self.a2(self.b2(self.c2(self.a1(self.b1(self.c1(self.inp(x)))))))
-        h = torch.cat([f.flatten(1), self.vin(v)], dim=1)
+        h = torch.cat([self.vin(f.flatten(1)), self.vin(v)], dim=1)
         main = self.main(self.act(self.bn(self.fc1(h))))
         aux = self.aux(self.req(F.adaptive_avg_pool2d(f, 1).flatten(1)))
         return main, aux
@@ -454,7 +455,7 @@ SPECS: dict[str, tuple] = {
     "two_io": ("5 two inputs, two outputs", lambda: TwoInTwoOut(6, 8, 4), ((1, 3, 8, 8), (1, 6)),
                ((-1.0, 1.0), (0.0, 1.0)), True),
     "two_io_8b": ("5 two inputs, two outputs", lambda: TwoInTwoOut(5, 12, 8), ((1, 3, 8, 8), (1, 5)),
-                  ((-1.0, 1.0), (-2.0, 2.0)), True),
+                  ((-1.0, 1.0), (0.0, 2.0)), True),
     "se_4b": ("6 squeeze-excitation", lambda: SqueezeExcite(16, 4, 4, 4), (1, 3, 8, 8), (-1.0, 1.0), True),
     "se_8b": ("6 squeeze-excitation", lambda: SqueezeExcite(24, 2, 8, 8), (1, 3, 8, 8), (-1.0, 1.0), True),
     "se_float_gate": ("6 squeeze-excitation", lambda: SqueezeExcite(16, 4, 4, 0), (1, 3, 8, 8), (-1.0, 1.0),
