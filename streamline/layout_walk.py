@@ -16,7 +16,7 @@ import onnx_ir as ir
 
 from custom_ops.multithreshold import channel_axis_of
 from finnlite.core.errors import PassError
-from finnlite.core.graphutil import add_constant, rank_of, set_feature_order
+from finnlite.core.graphutil import add_constant, rank_of, reorder_channels
 from finnlite.core.passes import Miss
 from finnlite.core.shapes import const_array
 from streamline.exact import EXACT_KEY, exact_value, set_exact
@@ -333,6 +333,7 @@ class LayoutWalk:
                 rt = get_real_thresholds(node)
                 if rt is not None and rt.shape[0] == len(idx):
                     set_real_thresholds(node, rt.rows(idx))
+            reorder_channels(node, r.cols)
             self._set_output(node.outputs[0], identity(2), r.cols)
             return
         rank = len(r.perm)
@@ -655,7 +656,7 @@ class LayoutWalk:
 
     def _annotate(self) -> None:
         """``tensor_layout`` of every tensor the walk saw that is still in the graph: its original layout, permuted
-        as its representation is; a tensor in a feature order records it (the final check reads it)."""
+        as its representation is."""
         for original, lay in self.logical.items():
             if lay is None:
                 continue
@@ -665,4 +666,3 @@ class LayoutWalk:
             if not alive or (r.cols is None and len(r.perm) != len(lay)):
                 continue
             self.model.set_tensor_layout(v.name, lay if r.cols is not None else permute_layout(lay, r.perm))
-            set_feature_order(v, r.cols)

@@ -24,11 +24,12 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.multithreshold import channel_axis_of
-from finnlite.core.graphutil import annotate, is_standard_domain, rank_of
+from finnlite.core.graphutil import annotate, is_standard_domain, rank_of, reorder_channels
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from streamline.algebra import (MONOTONE, MOVEMENT, compress, data_inputs, element_map_of, mixing, movement,
                                 static_shape, through_mixing, varying_axes)
+from streamline.channel_gather import single_axis_gather
 from streamline.convert_common import layout_for
 from streamline.exact import const_operand, exact_value, set_exact, to_float32
 from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
@@ -295,6 +296,19 @@ def _threshold_rows_back(model: "Model", node: ir.Node, mt: ir.Node) -> tuple[np
     return "a channel of the thresholds is spread over several input axes"
 
 
+def _channel_permutation(model: "Model", d: ir.Node) -> np.ndarray | None:
+    """The indices π if data-movement ``d`` only reorders the channels (axis 1): output channel c is input channel
+    π[c]."""
+    shape = static_shape(d.inputs[0])
+    if shape is None or len(shape) < 2 or static_shape(d.outputs[0]) != shape:
+        return None
+    emap = element_map_of(model, d)
+    found = single_axis_gather(emap.sources[0], shape) if emap is not None else None
+    if found is None or found[0] != 1 or not np.array_equal(np.sort(found[1]), np.arange(shape[1])):
+        return None
+    return found[1]
+
+
 @register_pass(group="reorder")
 class MoveDataMovementPastElementwise(Rule):
     """f(D(x)) → D(f'(x)) for a data-movement op D that is not a plain reshape (Transpose, DepthToSpace, Gather,
@@ -359,6 +373,9 @@ class MoveDataMovementPastElementwise(Rule):
             dt = model.get_tensor_datatype(y.name)
             annotate(f_out, dt)
             annotate(d_out, dt)
+        shuffle = _channel_permutation(model, d)
+        if shuffle is not None:  # the thresholds now see the channels in another order: the final check maps them
+            reorder_channels(new_f, np.argsort(shuffle))
         model.graph.insert_before(d, [new_f, new_d])
         model.replace_uses(y, d_out)
         model.remove_node(node)

@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from custom_ops.multithreshold import multithreshold
-from finnlite.core.graphutil import feature_order
+from finnlite.core.graphutil import channel_order
 from finnlite.core.model import Model
 from finnlite.core.shapes import const_array
 from verify.annotations import derived_ranges
@@ -75,12 +75,14 @@ class _Match:
     z: str  # the original quantizer's input (before a Relu in front of it)
     nhwc: bool
     relu: bool = False
-    #: the streamlined 2-D tensor's features in the original's order (after an NHWC flatten), or None
+    #: the original's channel of each channel of the streamlined MultiThreshold (reordered: an NHWC flatten's
+    #: features, a channel shuffle moved past it), or None
     cols: np.ndarray | None = None
 
     def ordered(self, zs: list[np.ndarray]) -> list[np.ndarray]:
-        """The original's tensors ``zs`` with their features in the streamlined tensor's order."""
-        return zs if self.cols is None else [np.asarray(z)[..., self.cols] for z in zs]
+        """The original's tensors ``zs`` (NCHW or NC) with their channels in the streamlined MultiThreshold's
+        order."""
+        return zs if self.cols is None else [np.take(np.asarray(z), self.cols, axis=1) for z in zs]
 
 
 #: ops that may produce a matched quantizer's input: the accumulator is then an affine map of it per channel (a
@@ -160,7 +162,7 @@ def _matches(model: Model, original: Model) -> list[_Match]:
         if before is not None and before.op_type not in _AFFINE_BEFORE:
             continue  # a non-linear activation (Tanh, Sigmoid, PRelu, ...) between the layer and the quantizer
         layout = model.get_tensor_layout(a)
-        cols = feature_order(model.value(a))
+        cols = channel_order(node)
         if cols is not None and np.size(const_array(q.inputs[1]) if len(q.inputs) > 1 else None) != 1:
             continue  # per-feature quantizer parameters in another order: the output comparison judges it
         found.append(_Match(node, q, a, z, bool(layout) and len(layout) == 4 and layout[-1] == "C", relu, cols))
