@@ -8,7 +8,9 @@ What FINN's hardware conversion expects, and the pass that provides it:
   block-diagonal weight);
 * ``FMPadding_Pixel`` + ``Im2Col`` + ``MatMul`` for a transposed convolution (FINN's pixel-padding deconvolution):
   :class:`~streamline.lower_deconv.LowerConvTransposeToMatMul`;
-* ``MaxPoolNHWC`` → StreamingMaxPool or Pool: :class:`~streamline.lower_pool.MakeMaxPoolNHWC`;
+* ``MaxPoolNHWC`` → StreamingMaxPool or Pool: :class:`~streamline.lower_pool.MakeMaxPoolNHWC`; an integer
+  average as ``Im2Col → Reshape → ReduceSum`` and a scale (an accumulating Pool):
+  :class:`~streamline.lower_pool.LowerAveragePool`;
 * DepthToSpace and SpaceToDepth as Reshape–Transpose–Reshape (:class:`~streamline.lower_space.LowerDepthToSpace`),
   folded into the layout by the NHWC conversion (FINN's Shuffle where one Transpose stays);
 * NHWC everywhere, MultiThreshold with ``data_layout`` NHWC (Thresholding/MVAU activations), NHWC Add streams,
@@ -37,7 +39,7 @@ from streamline.layout import AbsorbConsecutiveTransposes, AbsorbTransposeIntoMu
 from streamline.lower_1d import Change3DTo4DTensors
 from streamline.lower_conv import LowerConvsToMatMul
 from streamline.lower_deconv import LowerConvTransposeToMatMul
-from streamline.lower_pool import MakeMaxPoolNHWC
+from streamline.lower_pool import LowerAveragePool, MakeMaxPoolNHWC
 from streamline.lower_space import LowerDepthToSpace
 from streamline.round_thresholds import RoundAndClipThresholds
 from streamline.topk import AbsorbScalarMulAddIntoTopK
@@ -49,6 +51,7 @@ LOWER_PASSES = [
     LowerConvsToMatMul,
     LowerConvTransposeToMatMul,
     MakeMaxPoolNHWC,
+    LowerAveragePool,
     LowerDepthToSpace,
     ConvertToNHWC,
     AbsorbTransposeIntoMultiThreshold,
@@ -60,6 +63,6 @@ LOWER_PASSES = [
 ]
 
 __all__ = ["LOWER_PASSES", "Change3DTo4DTensors", "LowerConvsToMatMul", "LowerConvTransposeToMatMul", "MakeMaxPoolNHWC",
-           "LowerDepthToSpace", "ConvertToNHWC",
+           "LowerAveragePool", "LowerDepthToSpace", "ConvertToNHWC",
            "AbsorbTransposeIntoMultiThreshold", "AbsorbConsecutiveTransposes", "ConvertBipolarMatMulToXnorPopcount",
            "AbsorbScalarMulAddIntoTopK", "RoundAndClipThresholds"]
