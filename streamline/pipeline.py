@@ -40,7 +40,7 @@ from streamline.finn_pool import LowerGlobalSum
 from streamline.join import IntegerJoinMultipliers
 from streamline.join_conv import IntegerConvInputScales
 from streamline.lower import LOWER_PASSES
-from streamline.pool_sign import AbsorbChannelSignIntoMultiThreshold
+from streamline.pool_sign import AbsorbChannelSignIntoMultiThreshold, ShiftSignedLevelsPastPaddedMaxPool
 from streamline.reduce import REDUCE_PASSES
 from streamline.preprocess import MoveAddPastPaddedConv
 from streamline.border import AbsorbBorderIntoThresholds
@@ -65,7 +65,7 @@ def streamline_passes() -> list:
     would equalize their scales by the exact ratio."""
     return [InferDataTypes, *COLLAPSE_PASSES, CollapseDataMovement, IntegerJoinMultipliers, IntegerConvInputScales,
             *REORDER_PASSES, MoveChannelGatherPastChannelwise, AbsorbChannelGatherIntoWeights, *REDUCE_PASSES, AbsorbBorderIntoThresholds, MoveAddPastPaddedConv, *ABSORB_PASSES,
-            AbsorbChannelSignIntoMultiThreshold,
+            AbsorbChannelSignIntoMultiThreshold, ShiftSignedLevelsPastPaddedMaxPool,
             *MONOTONE_PASSES, RemoveDeadNodes, InferDataTypes, MaterializeThresholds]
 
 
