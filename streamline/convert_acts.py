@@ -249,7 +249,8 @@ def emit_multithreshold(model: "Model", node: ir.Node, x_in: ir.Value, q: StepQu
     """Replace ``node`` (one output) by the chain of ``q`` reading ``x_in``; remove ``node`` and then ``remove``.
     The last node of the chain takes over the output's name. Returns the MultiThreshold node."""
     ensure_custom_domain(model)
-    if thresholds.shape[0] > 1 and np.all(float32_to_key(thresholds) == float32_to_key(thresholds[:1])):
+    per_channel = thresholds.shape[0] > 1
+    if per_channel and np.all(float32_to_key(thresholds) == float32_to_key(thresholds[:1])):
         thresholds = thresholds[:1]
     y = node.outputs[0]
     base = node.name or y.name
@@ -257,8 +258,8 @@ def emit_multithreshold(model: "Model", node: ir.Node, x_in: ir.Value, q: StepQu
                           datatype=FLOAT32)
     attrs: list[Any] = [ir.AttrString("out_dtype", q.mt_dtype.name), ir.AttrFloat32("out_scale", q.out_scale),
                         ir.AttrFloat32("out_bias", q.out_bias)]
-    if q.channels.axis is not None and thresholds.shape[0] > 1:
-        assert q.channels.rank is not None
+    if q.channels.axis is not None and per_channel:  # (also when the rows are equal in float32: the exact real
+        assert q.channels.rank is not None          # thresholds keep one row per channel along this axis)
         attrs.append(ir.AttrString("data_layout", layout_for(q.channels.axis, q.channels.rank)))
     cur = model.make_value_like(y, prefix=f"{base}_mt")
     mt = ir.Node(QONNX_DOMAIN, "MultiThreshold", [x_in, t_init], attributes=attrs, outputs=[cur],

@@ -7,8 +7,8 @@ measures what the corpus test asserts and the corpus report (``python -m bench.c
 
 * integer-only: no interior float node (:func:`verify.float_report`), no Quant / BipolarQuant / Trunc /
   BatchNormalization left, and each output's dequantization at most one Mul and one Add (and shape ops);
-* at most one Transpose per image (4-D) graph input (one at least), and one per image graph output (its way back to
-  NCHW at the tail);
+* at most one Transpose per image or sequence (4-D or 3-D) graph input (one at least), and one per such graph
+  output (its way back to NCHW/NCW at the tail);
 * exact: agreement with float64 execution of the original on 32 inputs drawn from the manifest's input range (the
   input quantizer's), through :func:`verify.final_check` with ``float64="all"`` (the same comparison as the
   CLI's final check, on every sample).
@@ -84,8 +84,9 @@ class CorpusResult:
     #: the output dequantization of each graph output (op types), when the outputs are several
     tails: list[list[str]] = field(default_factory=list)
     transposes: int = 0
-    #: Transposes allowed: one per image (4-D) graph input, at least one, and one per image graph output (an image
-    #: output is NCHW, computed in NHWC: it needs its Transpose back, at the tail, as an image input at the head)
+    #: Transposes allowed: one per image or sequence (3-D or 4-D, channels on axis 1) graph input, at least one, and
+    #: one per such graph output (computed channels-last, an NCHW/NCW output needs its Transpose back, at the tail,
+    #: as such an input at the head)
     transposes_allowed: int = 1
     exact: bool | None = None
     mismatch: str = ""
@@ -116,8 +117,8 @@ class CorpusResult:
         if not self.tail_ok:
             out.append(f"output dequantization is more than one Mul and one Add: {', '.join(self.tail)}")
         if self.transposes > self.transposes_allowed:
-            out.append(f"{self.transposes} Transposes (at most {self.transposes_allowed}: one per image input and "
-                       "output)")
+            out.append(f"{self.transposes} Transposes (at most {self.transposes_allowed}: one per image or sequence "
+                       "input and output)")
         if self.exact is False:
             out.append(f"differs from float64 execution of the original: {self.mismatch}")
         return out
@@ -147,7 +148,7 @@ def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int =
     result = CorpusResult(name)
     model = Model(model_path(entry))
     result.nodes_before = len(model)
-    images = [sum(1 for v in values if v.shape is not None and len(v.shape) == 4)
+    images = [sum(1 for v in values if v.shape is not None and len(v.shape) in (3, 4))
               for values in (model.graph.inputs, model.graph.outputs)]
     result.transposes_allowed = max(1, images[0]) + images[1]
     reference = ReferenceData.random(model, n=samples, seed=seed, ranges=input_ranges(model, entry))
