@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from custom_ops.multithreshold import multithreshold
+from custom_ops.multithreshold import multithreshold_rows
 from finnlite.core.graphutil import channel_order
 from finnlite.core.model import Model
 from finnlite.core.shapes import const_array
@@ -448,7 +448,7 @@ def prove_levels(thr: np.ndarray, fit: AffineFit, lo: float, hi: float,
     # ``levels`` is monotone: where it agrees on both sides it takes that value at the point too; else a tie
     q0, qp = out[:, :m], out[:, m:]
     tie = q0 != qp  # type: ignore[operator]
-    count = multithreshold(points, t, channel_axis=0)  # the thresholds' level index at each point
+    count = multithreshold_rows(points, t)  # the thresholds' level index at each point (a binary search)
     # (point, point before it) for every threshold inside the range, and (lo, hi)
     first = np.concatenate([np.arange(n), [2 * n]])
     second = np.concatenate([np.arange(n) + n, [2 * n + 1]])
