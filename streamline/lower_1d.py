@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.core.graphutil import add_constant, is_standard_domain, rank_of, take_over
+from finnlite.core.graphutil import add_constant, annotate, is_standard_domain, rank_of, take_over
 from finnlite.core.passes import Miss, Transformation, register_pass
 from finnlite.core.shapes import const_array
 from streamline.algebra import MONOTONE
@@ -171,7 +171,7 @@ class Change3DTo4DTensors(Transformation):
         shape = [int(d) for d in x.shape] + [1]
         out = model.make_value(f"{x.name}_4d", shape=shape)
         if model.has_tensor_datatype(x.name):
-            model.set_tensor_datatype(out.name, model.get_tensor_datatype(x.name))
+            annotate(out, model.get_tensor_datatype(x.name))  # (not yet in the graph: not found by name)
         uses = list(x.uses())
         k = add_constant(model, np.asarray(shape, np.int64), f"{x.name}_shape4d")
         node = ir.Node("", "Reshape", [x, k], outputs=[out], name=f"{x.name}_to_4d")

@@ -91,6 +91,8 @@ class CorpusResult:
     exact: bool | None = None
     mismatch: str = ""
     seconds: float = 0.0
+    #: the op histogram of the result
+    ops: dict[str, int] = field(default_factory=dict)
     crash: str = ""
     verification: str = ""
 
@@ -174,6 +176,7 @@ def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int =
             found = integer_tail(model, out.name)
             result.tails.append([n.op_type for n in found[1]] if found is not None else ["(no integer tensor)"])
     ops = model.op_histogram()
+    result.ops = dict(ops)
     result.leftovers = [f"{ops[o]} {o}" for o in LEFTOVER_OPS if ops.get(o)]
     result.transposes = ops.get("Transpose", 0)
     try:
