@@ -32,7 +32,7 @@ import onnx_ir as ir
 
 from custom_ops.movement import ElementMap, element_map
 from finnlite.core.graphutil import is_standard_domain, rank_of, zero_padded
-from finnlite.core.shapes import const_array
+from finnlite.core.shapes import const_array, const_shape
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model
@@ -193,8 +193,8 @@ def mixing(node: ir.Node) -> Mixing | None:
         cout = int(w[0]) if op == "Conv" else int(w[1]) * g
         return Mixing(rank, spatial, groups=(g, int(x[1]), cout))
     if op == "MatMul":
-        if len(node.inputs) < 2 or const_array(node.inputs[1]) is None or rank < 1:
-            return None
+        if len(node.inputs) < 2 or const_shape(node.inputs[1]) is None or rank < 1:
+            return None  # (the shape only: a depthwise layer's weight is not made dense)
         return Mixing(rank, frozenset({rank - 1}), word="feature")
     if op == "MaxPool" or op == "GlobalMaxPool":
         return Mixing(rank, spatial, selection=True, gain=1)

@@ -213,13 +213,15 @@ class AbsorbChannelGatherIntoWeights(Rule):
     op_types = ("Conv", "MatMul")
 
     def match(self, model: "Model", node: ir.Node) -> Any:
-        w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        v = node.inputs[0]
+        g = v.producer() if v is not None else None
+        if g is None or g.op_type != "Gather" or len(node.inputs) < 2:
+            return None  # (first: reading a depthwise layer's weight would make its dense matrix)
+        w = const_array(node.inputs[1])
         if w is None:
             return None
         if node.op_type == "MatMul":
-            v = node.inputs[0]
-            g = v.producer() if v is not None else None
-            if g is None or g.op_type != "Gather" or len(v.uses()) != 1 or w.ndim != 2:
+            if len(v.uses()) != 1 or w.ndim != 2:
                 return None
             idx = const_array(g.inputs[1])
             rank = len(g.inputs[0].shape) if g.inputs[0].shape is not None else None

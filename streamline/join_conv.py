@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.passes import Rule, register_pass
-from finnlite.core.shapes import const_array
+from finnlite.core.shapes import const_array, const_shape
 from streamline.absorb import materialize, real_thresholds_of
 from streamline.exact import channel_vector, const_operand, exact_value
 from streamline.join_search import find_multipliers, signed_bits
@@ -62,6 +62,8 @@ class IntegerConvInputScales(Rule):
         mul = v.producer()
         if (mul is None or mul.op_type != "Mul" or len(v.uses()) != 1 or len(node.inputs) != 2
                 or const_operand(mul) is None):
+            return None
+        if node.op_type == "MatMul" and len(const_shape(node.inputs[1]) or ()) != 2:
             return None
         w = _as_conv_weight(node, const_array(node.inputs[1]))
         ci, val = const_operand(mul)

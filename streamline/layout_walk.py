@@ -501,8 +501,14 @@ class LayoutWalk:
         return True
 
     def _as_reshape(self, node: ir.Node, data: ir.Value, shape: list[int]) -> None:
-        """Make ``node`` a Reshape of ``data`` to the constant ``shape`` (a Flatten, Squeeze or Unsqueeze becomes
-        one)."""
+        """Make ``node`` a Reshape of ``data`` to the constant ``shape`` (a Squeeze or Unsqueeze becomes one; a
+        Flatten that gives that shape stays a Flatten)."""
+        phys = _shape(data)
+        if node.op_type == "Flatten" and phys is not None and len(shape) == 2:
+            axis = int(attr(node, "axis", 1)) % max(len(phys), 1)
+            if [int(np.prod(phys[:axis])), int(np.prod(phys[axis:]))] == list(shape):
+                self._set_input(node, 0, data)
+                return
         k = add_constant(self.model, np.asarray(shape, np.int64), f"{node.name or 'reshape'}_shape", None)
         if node.op_type != "Reshape":
             node.op_type = "Reshape"

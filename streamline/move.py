@@ -319,8 +319,9 @@ class MoveDataMovementPastElementwise(Rule):
     output element of channel c' reads an input element of a channel c with ``r(c) = c'`` (the rows are mapped back
     through D's element map; one row for all channels needs nothing). Fill positions would need ``f(fill) = fill``,
     which a MultiThreshold (it counts) does not give: D has no fill here. Conditions: D has one data input and one
-    output, read only by f; the thresholds' channels come from one axis of x. FINN's AbsorbTransposeIntoMultiThreshold
-    is the case D = Transpose, after lowering (:mod:`streamline.layout`)."""
+    output, read only by f; the thresholds' channels come from one axis of x; D does not read a graph input (the
+    input's own layout change stays first). FINN's AbsorbTransposeIntoMultiThreshold is the case D = Transpose, after
+    lowering (:mod:`streamline.layout`)."""
 
     op_types = ("MultiThreshold",) + tuple(sorted(MONOTONE))
 
@@ -337,8 +338,9 @@ class MoveDataMovementPastElementwise(Rule):
         decl = movement(d)
         if decl is None or len(data_inputs(d, decl)) != 1 or decl.fill is not None:
             return None
-        if len(x.uses()) != 1 or x.is_graph_output() or static_shape(d.inputs[0]) is None:
-            return None
+        if len(x.uses()) != 1 or x.is_graph_output() or static_shape(d.inputs[0]) is None or \
+                d.inputs[0].is_graph_input():
+            return None  # (the input's own layout change stays at the input)
         if node.op_type != "MultiThreshold":
             return node, d, None
         rows = _threshold_rows_back(model, d, node)
