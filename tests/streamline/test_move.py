@@ -270,10 +270,11 @@ def test_thresholds_go_before_data_movement(op, in_shape, out_shape, attrs, extr
     for seed in SEEDS:
         rng = np.random.default_rng(seed)
         t, mt = _mt(rng, rows, 7)
-        names = ["x"] + [("" if v is None else k) for k, v in extra.items()]
+        names = ["xn"] + [("" if v is None else k) for k, v in extra.items()]
         inits = {k: v for k, v in extra.items() if v is not None}
-        inits["t"] = t
-        nodes = [helper.make_node(op, names, ["d"], name="move", **attrs), mt]
+        inits["t"], inits["one"] = t, np.float32(1.0)
+        nodes = [helper.make_node("Mul", ["x", "one"], ["xn"], name="computed"),  # (not the graph input itself)
+                 helper.make_node(op, names, ["d"], name="move", **attrs), mt]
         proto = graph_model(nodes, {"x": list(in_shape)}, {"y": list(out_shape)}, inits)
         from finnlite import Model, PassManager, Stage
 
@@ -282,14 +283,24 @@ def test_thresholds_go_before_data_movement(op, in_shape, out_shape, attrs, extr
         node = m.get_node_from_name("mt")
         set_real_thresholds(node, RealThresholds(fractions_of(t), np.zeros(t.shape, bool)))
         PassManager([Stage("s", [MoveDataMovementPastElementwise], fixpoint=True)]).run(m)
-        assert ([n.op_type for n in m.graph] == ["MultiThreshold", op]) == moves
+        assert ([n.op_type for n in m.graph][1:] == ["MultiThreshold", op]) == moves
         compare(proto, m, {"x": _ints(rng, in_shape, -14, 14)})
 
 
+def test_the_inputs_layout_change_stays_first():
+    t = np.array([[0.5, 1.5]], np.float32)
+    nodes = [helper.make_node("Transpose", ["x"], ["d"], perm=[0, 2, 3, 1], name="move"),
+             helper.make_node("MultiThreshold", ["d", "t"], ["y"], domain=QONNX, name="mt", out_dtype="UINT2")]
+    proto = graph_model(nodes, {"x": [1, 2, 3, 3]}, {"y": [1, 3, 3, 2]}, {"t": t})
+    m = apply(proto, [MoveDataMovementPastElementwise])
+    assert [n.op_type for n in m.graph] == ["Transpose", "MultiThreshold"]
+
+
 def test_monotone_functions_go_before_a_resize():
-    nodes = [helper.make_node("Resize", ["x", "", "s"], ["d"], mode="nearest", name="up"),
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="first"),
+             helper.make_node("Resize", ["r", "", "s"], ["d"], mode="nearest", name="up"),
              helper.make_node("Sigmoid", ["d"], ["y"], name="f")]
     proto = graph_model(nodes, {"x": [1, 2, 2, 3]}, {"y": [1, 2, 4, 6]}, {"s": np.array([1, 1, 2, 2], np.float32)})
     m = apply(proto, [MoveDataMovementPastElementwise])
-    assert [n.op_type for n in m.graph] == ["Sigmoid", "Resize"]
+    assert [n.op_type for n in m.graph] == ["Relu", "Sigmoid", "Resize"]
     compare(proto, m, {"x": np.random.default_rng(0).normal(size=(1, 2, 2, 3))})
