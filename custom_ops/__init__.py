@@ -14,7 +14,8 @@ from custom_ops.registry import (CUSTOM_DOMAINS, HW_DOMAIN, QONNX_DOMAIN, is_cus
                                  make_op, register, register_alias, registered_ops)
 
 __all__ = [
-    "CustomOp", "attrs_of", "CUSTOM_DOMAINS", "HW_DOMAIN", "QONNX_DOMAIN", "is_custom_domain", "is_standard_domain", "lookup",
-    "make_op", "register", "register_alias", "registered_ops",
-    "bipolar_quant", "fmpadding_pixel", "im2col", "maxpoolnhwc", "multithreshold", "quant", "quantavgpool2d", "trunc", "xnorpopcount",
+    "CustomOp", "attrs_of", "CUSTOM_DOMAINS", "HW_DOMAIN", "QONNX_DOMAIN", "is_custom_domain", "is_standard_domain",
+    "lookup", "make_op", "register", "register_alias", "registered_ops",
+    "bipolar_quant", "fmpadding_pixel", "im2col", "maxpoolnhwc", "multithreshold", "quant", "quantavgpool2d", "trunc",
+    "xnorpopcount",
 ]

@@ -249,7 +249,9 @@ class MoveAddPastAveraging(Rule):
         if mix is None:
             return self.miss(node, f"the {node.op_type}'s axes are not known")
         if mix.gain is None:
-            return self.miss(node, f"an Add cannot pass {'an AveragePool that counts padding' if node.op_type == 'AveragePool' else node.op_type + ' (unknown sizes)'}")
+            what = "an AveragePool that counts padding" if node.op_type == "AveragePool" else \
+                f"{node.op_type} (unknown sizes)"
+            return self.miss(node, f"an Add cannot pass {what}")
         out = through_mixing(mix, lin[2])
         if isinstance(out, str):
             return self.miss(node, f"the Add's constant {out}")

@@ -64,7 +64,8 @@ def streamline_passes() -> list:
     branches read only by thresholds take integer multipliers (:mod:`streamline.join`) before the reorder rules
     would equalize their scales by the exact ratio."""
     return [InferDataTypes, *COLLAPSE_PASSES, CollapseDataMovement, IntegerJoinMultipliers, IntegerConvInputScales,
-            *REORDER_PASSES, MoveChannelGatherPastChannelwise, AbsorbChannelGatherIntoWeights, *REDUCE_PASSES, AbsorbBorderIntoThresholds, MoveAddPastPaddedConv, *ABSORB_PASSES,
+            *REORDER_PASSES, MoveChannelGatherPastChannelwise, AbsorbChannelGatherIntoWeights, *REDUCE_PASSES,
+            AbsorbBorderIntoThresholds, MoveAddPastPaddedConv, *ABSORB_PASSES,
             AbsorbChannelSignIntoMultiThreshold, ShiftSignedLevelsPastPaddedMaxPool,
             *MONOTONE_PASSES, RemoveDeadNodes, InferDataTypes, MaterializeThresholds]
 

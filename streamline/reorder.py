@@ -2,10 +2,11 @@
 
 The rules that need only what an op *is* — data movement, a linear or selection op with its channel map — read
 the op table (:mod:`streamline.algebra`) and live in :mod:`streamline.move`; the rules here need more of an op
-(a weighted sum of a bias, a fork, a join of branches). Every rule moves an elementwise ``Mul(x, a)`` or ``Add(x, b)`` with a constant operand from before a node to after
-it, transforming the constant exactly (Fractions; see :mod:`streamline.exact`). Moving forward until a
-MultiThreshold absorbs them (or the graph output is reached) is what makes the interior integer-only. Each rule's
-docstring gives its algebra and the conditions under which it is exact.
+(a weighted sum of a bias, a fork, a join of branches). Every rule moves an elementwise ``Mul(x, a)`` or
+``Add(x, b)`` with a constant operand from before a node to after it, transforming the constant exactly
+(Fractions; see :mod:`streamline.exact`). Moving forward until a MultiThreshold absorbs them (or the graph output
+is reached) is what makes the interior integer-only. Each rule's docstring gives its algebra and the conditions
+under which it is exact.
 """
 
 from __future__ import annotations

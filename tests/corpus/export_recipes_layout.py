@@ -275,7 +275,7 @@ class InceptionPool(nn.Module):
         return self.fc(F.max_pool2d(self.q(y), 4).flatten(1))
 
 
-# -- 5 two inputs, two outputs ------------------------------------------------------------------------------------------
+# -- 5 two inputs, two outputs ------------------------------------------------------------------------------------
 class TwoInTwoOut(nn.Module):
     """An image (8-bit input quantizer, two convs with BN and ReLU quantizers, the second with stride 2) and a side
     vector, concatenated after a Flatten, a FC + BN + ReLU quantizer and the main head; an auxiliary head from the
@@ -328,7 +328,7 @@ class SqueezeExcite(nn.Module):
         return self.fc(x.flatten(1))
 
 
-# -- 7 QuartzNet and MelGAN -----------------------------------------------------------------------------------------------
+# -- 7 QuartzNet and MelGAN -----------------------------------------------------------------------------------------
 QUARTZNET_TOPOLOGY = [
     {"filters": 32, "repeat": 1, "kernel": [11], "stride": [2], "dilation": [1], "dropout": 0.0, "residual": False,
      "separable": True},
@@ -362,8 +362,8 @@ def _quartznet_parts():
 class QuartzNet(nn.Module):
     """``brevitas_examples.speech_to_text``'s QuartzNet with the example's quantization config ``cfg``: its
     ``JasperBlock`` s (separable Conv1d, BatchNorm1d, per-channel or per-tensor ReLU/HardTanh quantizers, residual
-    1×1 convs) on a small topology (five blocks, 32–64 filters, kernels 11–17, one of dilation 2, residual blocks of
-    two sub-blocks) over 32 mel features, as the example's encoder builds them in export mode (no masking), and
+    1×1 convs) on a small topology (five blocks, 32–64 filters, kernels 11–17, one of dilation 2, residual blocks
+    of two sub-blocks) over 32 mel features, as the example's encoder builds them in export mode (no masking), and
     the CTC decoder's 1×1 Conv1d with bias; the logits are the output (the greedy CTC decoding is left out). An
     8-bit signed input quantizer."""
 
@@ -432,7 +432,7 @@ class MelGAN(nn.Module):
         return self.generator(self.inp((mel + 5.0) / 5.0))
 
 
-# -- the table -------------------------------------------------------------------------------------------------------------
+# -- the table -----------------------------------------------------------------------------------------------------
 #: name -> (kind, builder, input shape(s), input range(s), calibrate)
 SPECS: dict[str, tuple] = {
     "grouped_4b": ("4 grouped conv", lambda: GroupedConv(4, 16), (1, 3, 8, 8), (-1.0, 1.0), True),

@@ -60,7 +60,8 @@ def test_single_axis_gather_reads_the_map():
                               [2, 3, 4]) is None
 
 
-@pytest.mark.parametrize("op,attrs", [("Conv", dict(group=6, pads=[1, 1, 1, 1])), ("MaxPool", dict(kernel_shape=[2, 2])),
+@pytest.mark.parametrize("op,attrs", [("Conv", dict(group=6, pads=[1, 1, 1, 1])),
+                                      ("MaxPool", dict(kernel_shape=[2, 2])),
                                       ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
                                       ("GlobalAveragePool", {})])
 def test_a_channel_gather_passes_channelwise_ops(op, attrs):
