@@ -13,5 +13,5 @@ from streamline.pipeline import default_stages, select_stages, stage_names, stre
 __all__ = ["default_stages", "select_stages", "stage_names", "streamline_model", "absorb", "absorb_monotone",
            "algebra", "border", "channel_gather", "collapse", "convert", "convert_acts", "convert_qcdq",
            "convert_trunc", "convert_weights", "datatypes", "finn_pool", "join", "join_conv", "layout", "lower",
-           "lower_1d", "lower_conv", "lower_deconv", "lower_pool", "lower_space", "move", "pipeline", "pool_sign", "preprocess", "reduce",
-           "reorder", "round_thresholds", "squeeze_pool", "tidy", "topk", "xnor"]
+           "lower_1d", "lower_conv", "lower_deconv", "lower_pool", "lower_space", "move", "pipeline", "pool_sign",
+           "preprocess", "reduce", "reorder", "round_thresholds", "squeeze_pool", "tidy", "topk", "xnor"]
