@@ -7,10 +7,10 @@ Use :func:`make_op` on a node of a custom domain (see :func:`is_custom_domain`) 
 ``op.execute(inputs)``, ``op.infer_shapes(shapes, values)`` or ``op.infer_datatypes(dtypes, values)``.
 """
 
-from custom_ops import (bipolar_quant, im2col, maxpoolnhwc, multithreshold, quant, quantavgpool2d, trunc,
-                        xnorpopcount)
+from custom_ops import (bipolar_quant, fmpadding_pixel, im2col, maxpoolnhwc, multithreshold, quant, quantavgpool2d,
+                        trunc, xnorpopcount)
 from custom_ops.base import CustomOp, attrs_of
-from custom_ops.registry import (CUSTOM_DOMAINS, QONNX_DOMAIN, is_custom_domain, is_standard_domain, lookup,
+from custom_ops.registry import (CUSTOM_DOMAINS, HW_DOMAIN, QONNX_DOMAIN, is_custom_domain, is_standard_domain, lookup,
                                  make_op, register, register_alias, registered_ops)
 from finnlite.core.ops import register_executor
 
@@ -24,7 +24,8 @@ def _executor(model, **options):  # the executor module loads onnxruntime: only 
 register_executor(_executor)
 
 __all__ = [
-    "CustomOp", "attrs_of", "CUSTOM_DOMAINS", "QONNX_DOMAIN", "is_custom_domain", "is_standard_domain", "lookup",
-    "make_op", "register", "register_alias", "registered_ops",
-    "bipolar_quant", "im2col", "maxpoolnhwc", "multithreshold", "quant", "quantavgpool2d", "trunc", "xnorpopcount",
+    "CustomOp", "attrs_of", "CUSTOM_DOMAINS", "HW_DOMAIN", "QONNX_DOMAIN", "is_custom_domain", "is_standard_domain",
+    "lookup", "make_op", "register", "register_alias", "registered_ops",
+    "bipolar_quant", "fmpadding_pixel", "im2col", "maxpoolnhwc", "multithreshold", "quant", "quantavgpool2d", "trunc",
+    "xnorpopcount",
 ]

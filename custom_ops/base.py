@@ -32,6 +32,8 @@ class CustomOp:
     attr_spec: ClassVar[dict[str, AttrSpec]] = {}
     #: how many inputs the op takes, (min, max)
     num_inputs: ClassVar[tuple[int, int]] = (1, 1)
+    #: the domains the op is registered in (None: every QONNX/FINN custom-op domain, finnlite.core.ops)
+    domains: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, name: str, attrs: dict[str, Any] | None = None) -> None:
         self.name = name or f"<unnamed {self.op_type}>"

@@ -1,7 +1,8 @@
 """numpy kernels for the standard ops onnxruntime's CPU provider has no double kernel for.
 
 The executor's float64 mode (``Executor(model, dtype=np.float64)``, used to tell float32 near-ties from bugs) runs
-these nodes alone through numpy: ``Conv``, ``AveragePool`` and ``GlobalAveragePool`` — what quantized CNNs use —
+these nodes alone through numpy: ``Conv``, ``ConvTranspose``, ``AveragePool`` and ``GlobalAveragePool`` — what
+quantized CNNs use —, a nearest-neighbour ``Resize`` (the gather of its element map, :mod:`custom_ops.movement`),
 and the activations ``LeakyRelu``, ``PRelu`` and ``HardSigmoid`` (found between quantizers in Brevitas exports),
 and ``QuantizeLinear``/``DequantizeLinear`` to and from integer types (QDQ models; onnxruntime wants float32 scales).
 They follow the ONNX operator definitions (explicit ``pads`` or ``auto_pad``, ``strides``, ``dilations``,
@@ -106,6 +107,59 @@ def conv(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.n
     return [np.ascontiguousarray(y)]
 
 
+def conv_transpose(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """ONNX ConvTranspose (explicit ``pads`` and ``output_padding``, strides, dilations, groups) as the convolution
+    it is: ``x`` with ``stride − 1`` zeros inserted between its elements, padded by ``d·(k − 1) − pad_begin`` before
+    and ``d·(k − 1) − pad_end + output_padding`` after, convolved with the kernel flipped along every spatial axis
+    and its input and output channels swapped within each group."""
+    attrs = attrs_of(node)
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    n_spatial = w.ndim - 2
+    if attrs.get("output_shape") or (attrs.get("auto_pad", "NOTSET") or "NOTSET") != "NOTSET":
+        raise OpError("ConvTranspose with output_shape or auto_pad is not supported in float64 mode", node=node.name)
+    group = int(attrs.get("group", 1))
+    strides = list(attrs.get("strides") or [1] * n_spatial)
+    dilations = list(attrs.get("dilations") or [1] * n_spatial)
+    pads = list(attrs.get("pads") or [0] * (2 * n_spatial))
+    out_pad = list(attrs.get("output_padding") or [0] * n_spatial)
+    n, c = x.shape[:2]
+    inserted = np.zeros((n, c) + tuple((d - 1) * s + 1 for d, s in zip(x.shape[2:], strides)), dtype=x.dtype)
+    inserted[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)] = x
+    cin, cout_g = w.shape[:2]
+    wf = np.flip(w, axis=tuple(range(2, w.ndim)))
+    wf = wf.reshape((group, cin // group, cout_g) + w.shape[2:]).swapaxes(1, 2)
+    wf = wf.reshape((group * cout_g, cin // group) + w.shape[2:])
+    kernel = w.shape[2:]
+    conv_pads = [(d * (k - 1) - pads[i], d * (k - 1) - pads[i + n_spatial] + out_pad[i])
+                 for i, (k, d) in enumerate(zip(kernel, dilations))]
+    if any(p < 0 for pair in conv_pads for p in pair):
+        raise OpError("ConvTranspose with pads larger than the dilated kernel is not supported in float64 mode",
+                      node=node.name)
+    win = _windows(_pad(inserted, conv_pads), list(kernel), [1] * n_spatial, dilations)
+    m, cg = wf.shape[0], wf.shape[1]
+    out_shape = win.shape[2:2 + n_spatial]
+    cols = win.reshape((n, group, cg) + win.shape[2:])
+    cols = np.moveaxis(cols, 2, 2 + n_spatial).reshape(n, group, int(np.prod(out_shape)), cg * int(np.prod(kernel)))
+    wm = wf.reshape(group, m // group, -1)
+    y = np.stack([np.concatenate([matmul(wm[g], cols[i, g].T) for g in range(group)]) for i in range(n)])
+    y = y.reshape((n, m) + tuple(out_shape))
+    if bias is not None:
+        y = y + bias.reshape((1, -1) + (1,) * n_spatial)
+    return [np.ascontiguousarray(y)]
+
+
+def resize(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """ONNX Resize in ``nearest`` mode (any coordinate transformation and nearest mode): data movement, run as the
+    gather of its element map (:mod:`custom_ops.movement`); the interpolating modes have no float64 kernel."""
+    from custom_ops.movement import gather_by_map
+
+    mode = attrs_of(node).get("mode", "nearest")
+    if mode != "nearest":
+        raise OpError(f"Resize in mode '{mode}' is not supported in float64 mode", node=node.name)
+    return gather_by_map(node, inputs)
+
+
 def average_pool(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     """ONNX AveragePool without ceil_mode."""
     attrs = attrs_of(node)
@@ -195,6 +249,8 @@ def dequantize_linear(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None])
 #: op_type → kernel(node, inputs) for the default domain
 FLOAT64_KERNELS: dict[str, Callable[[onnx.NodeProto, Sequence[np.ndarray | None]], list[np.ndarray]]] = {
     "Conv": conv,
+    "ConvTranspose": conv_transpose,
+    "Resize": resize,
     "AveragePool": average_pool,
     "GlobalAveragePool": global_average_pool,
     "LeakyRelu": leaky_relu,

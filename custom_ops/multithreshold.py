@@ -44,6 +44,35 @@ def channel_axis_of(data_layout: str, ndim: int) -> int:
     return layout.index("C") if "C" in layout else 1
 
 
+#: from this many steps on, :func:`multithreshold` counts by a binary search in each sorted row
+_SEARCH_STEPS = 256
+
+
+def _search_counts(x2: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """``#{k : x ≥ thresholds[c, k]}`` for ``x2`` ``[C, M]`` (or ``[1, M]`` against one row) by a binary search
+    in each sorted row, compared in float64 (exact for float32 values, as numpy's comparison promotes them): a NaN
+    input passes no threshold, a NaN threshold (sorted last) is never passed."""
+    x2 = np.asarray(x2, dtype=np.float64)
+    t = np.sort(np.asarray(thresholds, dtype=np.float64), axis=1)
+    finite = np.sum(~np.isnan(t), axis=1)
+    counts = np.empty(x2.shape, dtype=np.int64)
+    for c in range(x2.shape[0]):
+        row = min(c, t.shape[0] - 1)
+        counts[c] = np.searchsorted(t[row, :finite[row]], x2[c], side="right")
+    counts[np.isnan(x2)] = 0
+    return counts
+
+
+def multithreshold_rows(x: np.ndarray, thresholds: np.ndarray, out_scale: float = 1.0,
+                        out_bias: float = 0.0) -> np.ndarray:
+    """:func:`multithreshold` of ``x`` ``[C, M]`` with ``thresholds`` ``[C, N]`` or ``[1, N]`` (channels on axis
+    0) in float64, by a binary search in each sorted row: ``O(M·log N)``, for many thresholds (a 16-bit quantizer's
+    65535) evaluated at many points."""
+    x = np.asarray(x, dtype=np.float64)
+    t = np.broadcast_to(np.asarray(thresholds, dtype=np.float64), (x.shape[0], np.shape(thresholds)[1]))
+    return out_scale * _search_counts(x, t).astype(np.float64) + out_bias
+
+
 def multithreshold(x: np.ndarray, thresholds: np.ndarray, out_scale: float = 1.0, out_bias: float = 0.0,
                    channel_axis: int = 1) -> np.ndarray:
     """``out_scale * #{k : x >= thresholds[c, k]} + out_bias`` with ``c`` the index along ``channel_axis``.
@@ -53,7 +82,9 @@ def multithreshold(x: np.ndarray, thresholds: np.ndarray, out_scale: float = 1.0
     unsigned type that holds ``N`` (uint8 for up to 255 steps). Only the counter and one boolean array of
     ``x``'s size are live, and the passes over memory are byte-wide. With the channels last (NHWC), the column is
     repeated over a block of rows, so that each comparison runs on arrays of one shape rather than broadcasting a
-    short row (the same comparisons, fewer and longer loops). ``ValueError`` for mismatched shapes."""
+    short row (the same comparisons, fewer and longer loops). From 256 steps on (a 16-bit quantizer), a binary
+    search in each sorted row counts instead (the same comparisons' result). ``ValueError`` for mismatched
+    shapes."""
     x = np.asarray(x)
     thresholds = np.asarray(thresholds)
     if thresholds.ndim != 2:
@@ -64,6 +95,11 @@ def multithreshold(x: np.ndarray, thresholds: np.ndarray, out_scale: float = 1.0
     channels, steps = thresholds.shape
     if channels not in (1, x.shape[axis]):
         raise ValueError(f"thresholds have {channels} rows, the input has {x.shape[axis]} channels")
+    if steps >= _SEARCH_STEPS:  # many steps (a 16-bit output quantizer): a binary search per element
+        moved = np.moveaxis(x, axis, 0)
+        flat = moved.reshape(1 if channels == 1 else x.shape[axis], -1)
+        counts = np.moveaxis(_search_counts(flat, thresholds).reshape(moved.shape), 0, axis)
+        return _scaled(counts, x.dtype, out_scale, out_bias)
     view = x
     # (steps, 1, .., C, .., 1): step k broadcasts one value per channel over x
     shape = (steps,) + (1,) * axis + (channels,) + (1,) * (x.ndim - 1 - axis)
@@ -83,8 +119,12 @@ def multithreshold(x: np.ndarray, thresholds: np.ndarray, out_scale: float = 1.0
     for k in range(steps):
         np.greater_equal(view, columns[k], out=hits)
         counts += as_int
-    counts = counts.reshape(x.shape)
-    levels = counts.astype(x.dtype)
+    return _scaled(counts.reshape(x.shape), x.dtype, out_scale, out_bias)
+
+
+def _scaled(counts: np.ndarray, dtype: np.dtype, out_scale: float, out_bias: float) -> np.ndarray:
+    """``out_scale · counts + out_bias`` with the counts taken in the input's dtype first, as qonnx does."""
+    levels = counts.astype(dtype)
     if levels.dtype.kind != "f":  # an integer input: the float result numpy's promotion gives
         return out_scale * levels + out_bias
     # in place: the same float arithmetic without two more arrays of x's size

@@ -211,37 +211,53 @@ class AbsorbMulIntoMultiThreshold(Rule):
 
 
 def _weight_channel_axis(node: ir.Node) -> int | None:
-    """The output-channel axis of a MatMul ([K, N]: 1) or Conv ([O, I/g, ...]: 0) weight."""
+    """The output-channel axis of a MatMul ([K, N]: 1), Conv ([O, I/g, ...]: 0) or ungrouped ConvTranspose
+    ([I, O, ...]: 1) weight."""
     if node.op_type == "MatMul":
         return 1
     if node.op_type == "Conv":
         return 0
+    if node.op_type == "ConvTranspose" and ("group" not in node.attributes or node.attributes["group"].value == 1):
+        return 1
     return None
 
 
 @dataclass(frozen=True)
 class SignedScale:
-    """A match of AbsorbSignIntoWeights: ``node`` (the Mul, constant at input ``const_index``) scales the output
-    of ``prod`` (Conv/MatMul with integer weights ``w``) by ``vec`` along ``out_axis`` of its rank-``rank``
-    output."""
+    """A match of AbsorbSignIntoWeights: ``node`` (the Mul, constant at input ``const_index``) scales the output of
+    the weight layers ``layers`` by ``vec`` along ``out_axis`` of its rank-``rank`` output: one layer, or the inputs
+    of a Concat along that axis, each ``(layer, integer weights, signs of its output channels)``."""
 
     node: ir.Node
     const_index: int
-    prod: ir.Node
-    w: np.ndarray
+    layers: list[tuple[ir.Node, np.ndarray, np.ndarray]]
     vec: np.ndarray
     rank: int
     out_axis: int
 
 
+def _integer_weight_layer(v: ir.Value) -> tuple[ir.Node, np.ndarray] | None:
+    """``(layer, w)`` if ``v`` is made by a Conv/MatMul/ConvTranspose with constant integer weights and feeds one
+    node."""
+    prod = v.producer()
+    if prod is None or _weight_channel_axis(prod) is None or len(v.uses()) != 1 or v.is_graph_output():
+        return None
+    w = const_array(prod.inputs[1])
+    if w is None or not np.array_equal(w, np.round(w)):
+        return None
+    return prod, w
+
+
 @register_pass(group="absorb")
 class AbsorbSignIntoWeights(Rule):
-    """Mul(Conv/MatMul(x, W), a) with per-channel a of mixed sign → Mul(Conv/MatMul(x, W·σ), |a|), σ = sign(a).
+    """Mul(Conv/MatMul/ConvTranspose(x, W), a) with per-channel a of mixed sign → Mul(…(x, W·σ), |a|), σ = sign(a);
+    likewise Mul(Concat(L₁(x₁), L₂(x₂), …), a) along the channel axis: each layer takes the signs of its channels.
 
-    Algebra: negating output channel c of the weights negates output c, so (x·W)_c · a_c = (x·(−W))_c · |a_c|.
-    Conditions: W is a constant integer tensor, the product feeds only the Mul, a varies only along the output
-    channel axis (1 for NCHW Conv outputs, last for MatMul). The weight datatype is widened when needed (INT4 −8
-    becomes 8, an INT5 value)."""
+    Algebra: negating output channel c of the weights negates output c, so (x·W)_c · a_c = (x·(−W))_c · |a_c|; a
+    Concat only places each layer's channels (a per-branch BatchNorm moved past it keeps its signs per branch).
+    Conditions: W is a constant integer tensor, each layer feeds only the Mul (or the Concat, which feeds only the
+    Mul), a varies only along the output channel axis (1 for NCHW Conv outputs, last for MatMul). The weight datatype
+    is widened when needed (INT4 −8 becomes 8, an INT5 value)."""
 
     op_types = ("Mul",)
 
@@ -251,33 +267,54 @@ class AbsorbSignIntoWeights(Rule):
             return None
         x = node.inputs[1 - c[0]]
         prod = x.producer()
-        if prod is None or _weight_channel_axis(prod) is None or len(x.uses()) != 1:
-            return None
-        w = const_array(prod.inputs[1])
-        if w is None or not np.array_equal(w, np.round(w)):
-            return None
         rank = len(x.shape) if x.shape is not None else None
-        out_axis = 1 if prod.op_type == "Conv" else (rank - 1 if rank else None)
-        if rank is None or out_axis is None:
+        if prod is None or rank is None or len(x.uses()) != 1:
+            return None
+        if prod.op_type == "Concat":
+            sources = list(prod.inputs)
+            axis = int(prod.attributes["axis"].value) % rank if "axis" in prod.attributes else None
+        else:
+            sources, axis = [x], None
+        layers = [_integer_weight_layer(v) for v in sources]
+        if not layers or any(lw is None for lw in layers):
+            return None
+        kinds = {lw[0].op_type in ("Conv", "ConvTranspose") for lw in layers}
+        if len(kinds) != 1:
+            return None
+        out_axis = 1 if kinds.pop() else rank - 1
+        if axis is not None and axis != out_axis:
             return None
         vec = channel_vector(exact_value(node, c[1]), rank, out_axis)
         if vec is None or len(vec) == 1 or not any(v < 0 for v in vec):
             return None
-        return SignedScale(node, c[0], prod, w, vec, rank, out_axis)
+        signs = np.array([-1.0 if v < 0 else 1.0 for v in vec], dtype=np.float32)
+        found, start = [], 0
+        for v, (layer, w) in zip(sources, layers):
+            n = v.shape[out_axis] if v.shape is not None else None
+            if not isinstance(n, int):
+                return None
+            found.append((layer, w, signs[start:start + n]))
+            start += n
+        if start != len(vec):
+            return None
+        return SignedScale(node, c[0], found, vec, rank, out_axis)
 
     def rewrite(self, model: "Model", match: SignedScale) -> None:
-        node, ci, prod, w, vec, rank, out_axis = (match.node, match.const_index, match.prod, match.w, match.vec,
-                                                  match.rank, match.out_axis)
-        signs = np.array([-1.0 if v < 0 else 1.0 for v in vec], dtype=np.float32)
-        waxis = _weight_channel_axis(prod)
-        shape = [1] * w.ndim
-        shape[waxis] = len(signs)
-        new_w = (w * signs.reshape(shape)).astype(w.dtype)
-        wv = model.add_initializer(new_w, prefix=f"{prod.inputs[1].name}_signed")
         from streamline.datatypes import Range
 
-        model.set_tensor_datatype(wv.name, Range.of_array(new_w).datatype())
-        prod.replace_input_with(1, wv)
+        node, ci, vec, rank, out_axis = match.node, match.const_index, match.vec, match.rank, match.out_axis
+        for prod, w, signs in match.layers:
+            if np.all(signs > 0):
+                continue
+            waxis = _weight_channel_axis(prod)
+            shape = [1] * w.ndim
+            shape[waxis] = len(signs)
+            new_w = (w * signs.reshape(shape)).astype(w.dtype)
+            wv = model.add_initializer(new_w, prefix=f"{prod.inputs[1].name}_signed")
+            model.set_tensor_datatype(wv.name, Range.of_array(new_w).datatype())
+            old = prod.inputs[1]
+            prod.replace_input_with(1, wv)
+            model.drop_if_unused(old)
         absval = np.array([abs(v) for v in vec], dtype=object)
         shaped = shaped_for_axis(absval, rank, out_axis)
         node.replace_input_with(ci, model.add_initializer(to_float32(shaped), prefix=f"{node.name}_abs"))

@@ -39,8 +39,9 @@ from finnlite.core.graphutil import add_constant, annotate, clip_bounds, rank_of
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from streamline.convert_common import (DEFAULT_MAX_THRESHOLD_BITS, FLOAT32, QUANT_OPS, BitLimit, Channels,
-                                       Unsupported, channels_of, const_input, custom_op, drop_unused,
-                                       ensure_custom_domain, is_custom, layout_for, positive_scale, scalar_int)
+                                       Unsupported, channels_of, check_threshold_count, const_input, custom_op,
+                                       drop_unused, ensure_custom_domain, is_custom, layout_for, positive_scale,
+                                       scalar_int)
 from streamline.real_thresholds import RealThresholds, quant_real_thresholds, set_real_thresholds
 from streamline.thresholds import StepFunction, check_thresholds, float32_to_key, least_float32_reaching
 from finnlite.core.policies import equality
@@ -133,6 +134,7 @@ def quant_step(node: ir.Node, max_bits: int) -> StepQuantizer:
         raise BitLimit(f"{bits}-bit quantizer exceeds max_threshold_bits={max_bits} "
                        f"({2 ** bits - 1} thresholds per channel)")
     ch = channels_of([scale, zeropt], rank_of(node.inputs[0]))
+    check_threshold_count(bits, ch.count, max_bits)
     s_c, z_c = ch.column(scale), ch.column(zeropt)
     signed, narrow, mode = op.signed, op.narrow, op.rounding_mode
     bipolar = bits == 1 and signed
@@ -249,7 +251,8 @@ def emit_multithreshold(model: "Model", node: ir.Node, x_in: ir.Value, q: StepQu
     """Replace ``node`` (one output) by the chain of ``q`` reading ``x_in``; remove ``node`` and then ``remove``.
     The last node of the chain takes over the output's name. Returns the MultiThreshold node."""
     ensure_custom_domain(model)
-    if thresholds.shape[0] > 1 and np.all(float32_to_key(thresholds) == float32_to_key(thresholds[:1])):
+    per_channel = thresholds.shape[0] > 1
+    if per_channel and np.all(float32_to_key(thresholds) == float32_to_key(thresholds[:1])):
         thresholds = thresholds[:1]
     y = node.outputs[0]
     base = node.name or y.name
@@ -257,8 +260,8 @@ def emit_multithreshold(model: "Model", node: ir.Node, x_in: ir.Value, q: StepQu
                           datatype=FLOAT32)
     attrs: list[Any] = [ir.AttrString("out_dtype", q.mt_dtype.name), ir.AttrFloat32("out_scale", q.out_scale),
                         ir.AttrFloat32("out_bias", q.out_bias)]
-    if q.channels.axis is not None and thresholds.shape[0] > 1:
-        assert q.channels.rank is not None
+    if q.channels.axis is not None and per_channel:  # (also when the rows are equal in float32: the exact real
+        assert q.channels.rank is not None          # thresholds keep one row per channel along this axis)
         attrs.append(ir.AttrString("data_layout", layout_for(q.channels.axis, q.channels.rank)))
     cur = model.make_value_like(y, prefix=f"{base}_mt")
     mt = ir.Node(QONNX_DOMAIN, "MultiThreshold", [x_in, t_init], attributes=attrs, outputs=[cur],
@@ -351,8 +354,8 @@ class ConvertQuantActToMultiThreshold(_QuantActToMultiThreshold):
 
     Conditions: scale, zero-point and bit width are constants (scale and zero-point float32, scale > 0, varying along
     at most one axis of x, which becomes the MultiThreshold's channel axis), the bit width is at most
-    ``max_threshold_bits`` (default 12: 4095 thresholds per channel; wider quantizers are left in place with a
-    warning and a miss). Any rounding mode, signed/unsigned, narrow, any zero-point.
+    ``max_threshold_bits`` (default 16: 65535 thresholds per channel) and all its thresholds at most 2^20 (wider
+    quantizers are left in place with a warning and a miss). Any rounding mode, signed/unsigned, narrow, any zero-point.
 
     Algebra: the quantizer is a non-decreasing step function of x with levels q = qmin..qmax (−1, +1 for one signed
     bit, where out_scale is 2); ``T[c, m]`` is the least float32 input whose level is ≥ qmin + m, found by bisection

@@ -22,8 +22,11 @@ if TYPE_CHECKING:
     from finnlite.core.model import Model
 
 QUANT_OPS = ("Quant", "IntQuant")
-#: the default limit on quantizer bit widths converted to thresholds (2^b - 1 thresholds per channel)
-DEFAULT_MAX_THRESHOLD_BITS = 12
+#: the default limit on quantizer bit widths converted to thresholds (2^b - 1 thresholds per channel): a 16-bit
+#: output quantizer (MelGAN's audio) is one row of 65535 thresholds, still a small tensor
+DEFAULT_MAX_THRESHOLD_BITS = 16
+#: the limit on all the thresholds of one quantizer (channels × steps): 2^20 float32 values, 4 MB
+MAX_THRESHOLDS = 1 << 20
 
 
 class Unsupported(Exception):
@@ -32,6 +35,15 @@ class Unsupported(Exception):
 
 class BitLimit(Unsupported):
     """A quantizer is wider than the configured ``max_threshold_bits`` (logged as a warning as well)."""
+
+
+def check_threshold_count(bits: int, channels: int, max_bits: int, what: str = "quantizer") -> None:
+    """:class:`BitLimit` if a ``bits``-bit quantizer over ``channels`` channels needs more than
+    :data:`MAX_THRESHOLDS` thresholds (a wide per-channel quantizer)."""
+    n = channels * (2 ** bits - 1)
+    if n > MAX_THRESHOLDS:
+        raise BitLimit(f"{bits}-bit {what} with {channels} channels needs {n} thresholds, over the limit of "
+                       f"{MAX_THRESHOLDS} (2^20; max_threshold_bits={max_bits})")
 
 
 def is_custom(node: ir.Node, *op_types: str) -> bool:

@@ -31,8 +31,8 @@ from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from streamline.convert_acts import StepQuantizer, emit_multithreshold, solve_thresholds
 from streamline.convert_common import (DEFAULT_MAX_THRESHOLD_BITS, FLOAT32, BitLimit, Unsupported, channels_of,
-                                       const_input, drop_unused, ensure_custom_domain, is_custom, positive_scale,
-                                       scalar_int)
+                                       check_threshold_count, const_input, drop_unused, ensure_custom_domain,
+                                       is_custom, positive_scale, scalar_int)
 from finnlite.core.policies import equality
 
 if TYPE_CHECKING:
@@ -284,6 +284,7 @@ def trunc_step(model: "Model", node: ir.Node, max_bits: int) -> StepQuantizer:
         raise BitLimit(f"{p.out_bits}-bit Trunc exceeds max_threshold_bits={max_bits}")
     assert p.out_scale is not None
     ch = channels_of([p.scale, p.zeropoint, p.out_scale], rank_of(node.inputs[0]))
+    check_threshold_count(p.out_bits, ch.count, max_bits, "Trunc")
     s_c, z_c, os_c = ch.column(p.scale), ch.column(p.zeropoint), ch.column(p.out_scale)
     qmin, qmax = min_int(p.signed, p.narrow, p.out_bits), max_int(p.signed, p.narrow, p.out_bits)
     in_bits, out_bits = p.in_bits, np.asarray(p.out_bits)

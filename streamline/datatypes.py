@@ -6,7 +6,8 @@ value is an integer, from the graph inputs' annotations, the initializers' value
 * MultiThreshold: ``out_bias + out_scale · [0, N]``; custom ops otherwise by their own datatype inference;
 * MatMul / Conv with a constant integer weight: per output channel, the positive weights times the input's upper
   bound plus the negative weights times its lower bound (and the other way round), with zero included for padded
-  convolutions; Gemm likewise;
+  convolutions; Gemm likewise; ConvTranspose as a padded convolution over every weight of an output channel (an
+  output element sums a subset of them);
 * Add / Sub / Mul / Neg with integer operands; ReduceSum (N times the input's range); data movement (Reshape, Transpose, MaxPool, Im2Col, Concat, ...)
   keeps the range; Relu clips it.
 
@@ -124,6 +125,8 @@ def _node_range(node: ir.Node, ins: list[Range], consts: list[np.ndarray | None]
         return _matmul_range(ins[0], weight_sums(consts[1], "MatMul"), with_zero=False)
     if op == "Conv" and consts[1] is not None:
         return _matmul_range(ins[0], weight_sums(consts[1], "Conv"), with_zero=zero_padded(node))
+    if op == "ConvTranspose" and consts[1] is not None:
+        return _matmul_range(ins[0], _transposed_weight_sums(consts[1], int(attrs.get("group", 1))), with_zero=True)
     if op == "MultiThreshold":
         n = consts[1].shape[-1] if consts[1] is not None else None
         scale, bias = float(attrs.get("out_scale", 1.0)), float(attrs.get("out_bias", 0.0))
@@ -147,6 +150,18 @@ def _node_range(node: ir.Node, ins: list[Range], consts: list[np.ndarray | None]
         k = consts[1].shape[0] if consts[1] is not None else None
         return Range(0.0, float(k), True) if k is not None else Range(0.0, np.inf, True)
     return Range.unknown()
+
+
+def _transposed_weight_sums(w: np.ndarray, group: int) -> WeightSums | None:
+    """:data:`WeightSums` of a ConvTranspose weight ``[Cin, Cout/g, k...]`` by output channel: output channel
+    ``j`` of group ``g`` sums inputs of that group with weights ``w[g·Cin/g:(g+1)·Cin/g, j]``."""
+    w = np.asarray(w)
+    cin, cout_g = w.shape[:2]
+    if cin % group:
+        return None
+    blocks = w.reshape((group, cin // group, cout_g) + w.shape[2:])
+    cols = np.moveaxis(blocks, 2, 1).reshape(group * cout_g, -1)
+    return weight_sums(cols, "Conv")
 
 
 def _custom_range(node: ir.Node, model: Any, ins: list[Range]) -> Range | None:

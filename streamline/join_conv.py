@@ -1,6 +1,6 @@
-"""A Conv over channels of two scales (a Concat of differently quantized branches) read only by thresholds.
+"""A Conv or MatMul over channels of two scales (a Concat of differently quantized branches) read only by thresholds.
 
-:class:`IntegerConvInputScales` splits the Conv's sum by scale: per output channel it is ``sA·U + sB·V`` with ``U``
+:class:`IntegerConvInputScales` splits the layer's sum by scale: per output channel it is ``sA·U + sB·V`` with ``U``
 and ``V`` the integer partial sums over the two groups of input channels, each in a finite range known from the
 weights. :func:`streamline.join_search.find_multipliers` finds integers ``(p, q)`` per output channel that
 reproduce the thresholds on that box, proven by enumeration; ``p`` and ``q`` go into the weights.
@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.passes import Rule, register_pass
-from finnlite.core.shapes import const_array
+from finnlite.core.shapes import const_array, const_shape
 from streamline.absorb import materialize, real_thresholds_of
 from streamline.exact import channel_vector, const_operand, exact_value
 from streamline.join_search import find_multipliers, signed_bits
@@ -33,10 +33,20 @@ def _partial_range(w: np.ndarray, lo: int, hi: int) -> tuple[int, int]:
     return pos * lo + neg * hi, pos * hi + neg * lo
 
 
+def _as_conv_weight(node: ir.Node, w: np.ndarray | None) -> np.ndarray | None:
+    """The weight as ``[output channel, input channel, ...]``: a Conv's as it is, a MatMul's ``[K, N]`` transposed."""
+    if w is None:
+        return None
+    if node.op_type == "MatMul":
+        return w.T if w.ndim == 2 else None
+    return w if w.ndim >= 3 else None
+
+
 @register_pass(group="reorder")
 class IntegerConvInputScales(Rule):
     """Conv(Mul(x, v), W) → MultiThreshold(·, R) with v taking two values sA ≠ sB over the input channels
-    ⇒ Conv(x, W') → MultiThreshold(·, T'), W'[o, A] = p_o·W[o, A], W'[o, B] = q_o·W[o, B].
+    ⇒ Conv(x, W') → MultiThreshold(·, T'), W'[o, A] = p_o·W[o, A], W'[o, B] = q_o·W[o, B]; likewise a MatMul with a
+    constant ``[K, N]`` weight and v along its last axis (a Flatten of an image concatenated with a side vector).
 
     Algebra: output channel o computes sA·U_o + sB·V_o with U_o = Σ_A W·x, V_o = Σ_B W·x integers in ranges bounded
     by the weights and x's datatype (0 included for padded Convs); ``p_o·U + q_o·V ≥ T' ⇔ sA·U + sB·V ≥ R`` on that
@@ -44,7 +54,7 @@ class IntegerConvInputScales(Rule):
     integer tensor, W integer, group 1, no bias, the Mul feeds only the Conv, the Conv feeds one MultiThreshold
     only, multipliers within ``max_multiplier`` and the new accumulator within 2^24 (float32 thresholds)."""
 
-    op_types = ("Conv",)
+    op_types = ("Conv", "MatMul")
     max_multiplier = 2**15 - 1
 
     def match(self, model: Any, node: ir.Node) -> Any:
@@ -53,9 +63,13 @@ class IntegerConvInputScales(Rule):
         if (mul is None or mul.op_type != "Mul" or len(v.uses()) != 1 or len(node.inputs) != 2
                 or const_operand(mul) is None):
             return None
-        w = const_array(node.inputs[1])
+        if node.op_type == "MatMul" and len(const_shape(node.inputs[1]) or ()) != 2:
+            return None
+        w = _as_conv_weight(node, const_array(node.inputs[1]))
         ci, val = const_operand(mul)
-        vec = channel_vector(exact_value(mul, val), 4, 1) if w is not None and w.ndim == 4 else None
+        rank = len(v.shape) if v.shape is not None else None
+        axis = 1 if node.op_type == "Conv" else (rank - 1 if rank else None)
+        vec = channel_vector(exact_value(mul, val), rank, axis) if w is not None and axis is not None else None
         if vec is None or vec.size != w.shape[1] or len(set(vec)) != 2:
             return None
         group = node.attributes["group"].value if "group" in node.attributes else 1
@@ -97,13 +111,15 @@ class IntegerConvInputScales(Rule):
 
     def rewrite(self, model: Any, match: Any) -> None:
         node, mul, x, mt, group_a, found = match
-        w = np.array(const_array(node.inputs[1]), dtype=np.float64)
+        w = np.array(_as_conv_weight(node, const_array(node.inputs[1])), dtype=np.float64)
         for o, f in enumerate(found):
             w[o, group_a] *= f.p
             w[o, ~group_a] *= f.q
+        if node.op_type == "MatMul":
+            w = w.T
         wv = model.add_initializer(w.astype(np.float32), prefix=f"{node.name}_W")
         y = node.outputs[0]
-        conv = ir.Node("", "Conv", [x, wv], attributes=list(node.attributes.values()),
+        conv = ir.Node("", node.op_type, [x, wv], attributes=list(node.attributes.values()),
                        outputs=[model.make_value_like(y)], name=f"{node.name}_int")
         model.graph.insert_before(node, conv)
         model.replace_uses(y, conv.outputs[0])

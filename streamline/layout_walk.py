@@ -16,10 +16,12 @@ import onnx_ir as ir
 
 from custom_ops.multithreshold import channel_axis_of
 from finnlite.core.errors import PassError
-from finnlite.core.graphutil import add_constant, rank_of
+from finnlite.core.graphutil import add_constant, rank_of, reorder_channels
 from finnlite.core.passes import Miss
 from finnlite.core.shapes import const_array
 from streamline.exact import EXACT_KEY, exact_value, set_exact
+from streamline.algebra import movement
+from streamline.layout_reshape import reshape_in_place, reshape_target
 from streamline.lower_common import (TO_NHWC, Perm, annotated_or_values, attr, copy_annotations, identity, inverse,
                                      is_op, new_value, permute_layout, set_attr, then, transpose_perm)
 from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
@@ -205,7 +207,7 @@ class LayoutWalk:
                 and const_array(node.inputs[0]) is None:
             self._transpose(node, reps[0])
             return
-        if all(r is None or r.plain for r in reps):
+        if all(r is None or r.plain for r in reps) and not self._unsqueezes_to_nhwc(node):
             for i, (v, r) in enumerate(zip(node.inputs, reps)):
                 if r is not None and r.value is not v:
                     self._set_input(node, i, r.value)  # behind a removed Transpose pair
@@ -222,8 +224,12 @@ class LayoutWalk:
             self._elementwise(node, reps)
         elif is_op(node, "Concat", custom=False):
             self._concat(node, reps)
-        elif is_op(node, "Flatten", "Reshape", custom=False):
-            self._flatten(node, reps)
+        elif is_op(node, "Flatten", "Reshape", "Squeeze", "Unsqueeze", custom=False):
+            self._reshape(node, reps)
+        elif is_op(node, "Resize", "Upsample", custom=False) and movement(node) is not None:
+            self._resize(node, reps)
+        elif is_op(node, "Gather", custom=False):
+            self._gather(node, reps)
         elif is_op(node, "MatMul", custom=False):
             self._matmul(node, reps)
         else:
@@ -327,6 +333,7 @@ class LayoutWalk:
                 rt = get_real_thresholds(node)
                 if rt is not None and rt.shape[0] == len(idx):
                     set_real_thresholds(node, rt.rows(idx))
+            reorder_channels(node, r.cols)
             self._set_output(node.outputs[0], identity(2), r.cols)
             return
         rank = len(r.perm)
@@ -389,6 +396,9 @@ class LayoutWalk:
     def _concat(self, node: ir.Node, reps: list[Rep | None]) -> None:
         rank = rank_of(node.outputs[0])
         dyn = [r for v, r in zip(node.inputs, reps) if v is not None and r is not None and const_array(v) is None]
+        if rank == 2 and any(r.cols is not None for r in dyn) and int(attr(node, "axis", 0)) % 2 == 1:
+            self._concat_cols(node, reps)
+            return
         if rank is None or any(r.cols is not None or len(r.perm) != rank for r in dyn):
             self._fallback(node, "Concat of tensors of another rank or feature order")
             return
@@ -405,41 +415,169 @@ class LayoutWalk:
         set_attr(node, ir.AttrInt64("axis", target.index(axis)))
         self._set_output(node.outputs[0], target)
 
-    def _flatten(self, node: ir.Node, reps: list[Rep | None]) -> None:
-        """A flatten ``[N, ...] → [N, F]`` of ``u = t.transpose(p)`` with ``p[0] = 0`` is ``flat(t)[:, cols]``:
-        kept as is when every consumer of the result can take the feature order (:meth:`sinkable`)."""
+    def _concat_cols(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """A Concat of ``[N, F_k]`` features along axis 1, some of them in a feature order (after a flatten): the
+        result is in the order of the orders, each shifted past the features before it (the consumers, checked by
+        :meth:`sinkable`, take it)."""
+        cols: list[int] = []
+        for i, (v, r) in enumerate(zip(node.inputs, reps)):
+            shape = _shape(r.value) if r is not None else None
+            if r is None or const_array(v) is not None or shape is None or len(shape) != 2 or \
+                    (r.cols is None and not r.plain):
+                raise PassError("internal: a Concat of features admitted without a rule", node=node.name)
+            order = r.cols if r.cols is not None else tuple(range(shape[1]))
+            offset = len(cols)
+            cols.extend(offset + c for c in order)
+            self._set_input(node, i, r.value)
+        self._set_output(node.outputs[0], identity(2), tuple(cols))
+
+    def _reshape(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """A Reshape (Flatten, Squeeze, Unsqueeze) of ``u = t.transpose(p)``: where its groups of axes stay whole
+        and in order in ``u``, a Reshape of ``u`` itself (:func:`streamline.layout_reshape.reshape_in_place`); else
+        a flatten to ``[N, F]`` is kept as ``flat(t)[:, cols]`` when every consumer can take the feature order
+        (:meth:`sinkable`); else one Transpose of ``u`` first puts the groups in order, chosen so that the result is
+        NHWC (a 4-D NCHW tensor) or in its original layout (a graph output, other ranks)."""
         r, out = reps[0], node.outputs[0]
         phys, out_shape = (_shape(r.value) if r is not None else None), _shape(out)
-        if r is None or r.cols is not None or phys is None or out_shape is None or len(phys) != len(r.perm):
-            self._fallback(node, "flatten of a tensor without static shape")
+        if r is None or r.cols is not None or phys is None or out_shape is None or len(phys) != len(r.perm) \
+                or any(d < 0 for d in phys) or any(d < 0 for d in out_shape):
+            self._fallback(node, f"{node.op_type} of a tensor without static shape or with a feature order")
             return
         in_shape = tuple(phys[i] for i in inverse(r.perm))  # the original tensor's shape
+        preferred = None
+        if self._feeds_output(out):
+            preferred = identity(len(out_shape))
+        elif len(out_shape) == 4 and self._logical_layout(out) == DEFAULT_LAYOUT[4]:
+            preferred = TO_NHWC
+        q = reshape_in_place(r.perm, in_shape, out_shape, preferred)
+        if q is not None:
+            self._as_reshape(node, r.value, [out_shape[b] for b in q])
+            self._set_output(out, q)
+            return
         flatten = (len(out_shape) == 2 and out_shape[0] == in_shape[0] and r.perm and r.perm[0] == 0
-                   and all(d > 0 for d in in_shape)
-                   and (node.op_type == "Reshape" or int(attr(node, "axis", 1)) == 1))
-        if not flatten:
-            self._fallback(node, f"{node.op_type} is not a flatten to [N, features]")
+                   and (node.op_type == "Reshape" or (node.op_type == "Flatten" and int(attr(node, "axis", 1)) == 1)))
+        if flatten:
+            inner = [p - 1 for p in r.perm[1:]]
+            cols = tuple(int(c) for c in np.arange(int(np.prod(in_shape[1:]))).reshape(in_shape[1:])
+                         .transpose(inner).ravel())
+            if self.sinkable(out, len(cols)):
+                self._as_reshape(node, r.value, list(out_shape))
+                self._set_output(out, identity(2), cols)
+                return
+        target, q = reshape_target(in_shape, out_shape, preferred or identity(len(out_shape)))
+        if target != r.perm:
+            self._miss(node, "the reshaped axes are not in order in the NHWC tensor: Transpose to "
+                       + ("the original order inserted" if target == identity(len(target)) else
+                          f"the order {list(target)} inserted"))
+        self._as_reshape(node, self.materialize(node.inputs[0], target, node), [out_shape[b] for b in q])
+        self._set_output(out, q)
+
+    def _unsqueezes_to_nhwc(self, node: ir.Node) -> bool:
+        """True for a reshape of a tensor in its original layout to a 4-D NCHW tensor that it can write in NHWC
+        directly (``[N, C] → [N, C, 1, 1]``: a gate broadcast against feature maps), not to a graph output."""
+        if not is_op(node, "Reshape", "Unsqueeze", "Flatten", "Squeeze", custom=False):
+            return False
+        out, x = node.outputs[0], node.inputs[0]
+        s_in, s_out = (_shape(x) if x is not None else None), _shape(out)
+        if s_in is None or s_out is None or len(s_out) != 4 or len(s_in) == 4 or self._feeds_output(out) or \
+                any(d < 0 for d in s_in + s_out) or self._logical_layout(out) != DEFAULT_LAYOUT[4]:
+            return False
+        return reshape_in_place(identity(len(s_in)), s_in, s_out, TO_NHWC) == TO_NHWC
+
+    @staticmethod
+    def _feeds_output(v: ir.Value) -> bool:
+        """True if ``v`` is a graph output, or reaches one through single-consumer elementwise ops with scalar
+        constants only (the output dequantization): its layout there is the original one."""
+        while not v.is_graph_output():
+            uses = list(v.uses())
+            if len(uses) != 1:
+                return False
+            n = uses[0].node
+            if not _is_elementwise(n) or len(n.outputs) != 1 or any(
+                    w is not None and w is not v and (const_array(w) is None or const_array(w).size != 1)
+                    for w in n.inputs):
+                return False
+            v = n.outputs[0]
+        return True
+
+    def _as_reshape(self, node: ir.Node, data: ir.Value, shape: list[int]) -> None:
+        """Make ``node`` a Reshape of ``data`` to the constant ``shape`` (a Squeeze or Unsqueeze becomes one; a
+        Flatten that gives that shape stays a Flatten)."""
+        phys = _shape(data)
+        if node.op_type == "Flatten" and phys is not None and len(shape) == 2:
+            axis = int(attr(node, "axis", 1)) % max(len(phys), 1)
+            if [int(np.prod(phys[:axis])), int(np.prod(phys[axis:]))] == list(shape):
+                self._set_input(node, 0, data)
+                return
+        k = add_constant(self.model, np.asarray(shape, np.int64), f"{node.name or 'reshape'}_shape", None)
+        if node.op_type != "Reshape":
+            node.op_type = "Reshape"
+            node.attributes.clear()
+            old = [v for v in node.inputs[1:] if v is not None]
+            node.resize_inputs(2)
+            self.model.drop_if_unused(*old)
+        old_shape = node.inputs[1]
+        if old_shape is not None and const_array(old_shape) is not None and \
+                list(np.asarray(const_array(old_shape)).ravel()) == shape:
+            self.model.drop_if_unused(k)
+        else:
+            self._set_input(node, 1, k)
+        self._set_input(node, 0, data)
+        self.edits += 1
+
+    def _resize(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """A nearest-neighbour Resize of ``u = t.transpose(p)`` is the Resize of ``u`` with its per-axis ``roi``,
+        ``scales`` and ``sizes`` (and ``axes``) permuted the same way: each axis is resampled on its own."""
+        r = reps[0]
+        rank = len(r.perm) if r is not None else None
+        if r is None or r.cols is not None or rank is None or "axes" in node.attributes or \
+                any(v is not None and const_array(v) is None for v in node.inputs[1:]):
+            self._fallback(node, "Resize with dynamic or per-axis-subset parameters")
             return
-        inner = [p - 1 for p in r.perm[1:]]
-        cols = tuple(int(c) for c in np.arange(int(np.prod(in_shape[1:]))).reshape(in_shape[1:])
-                     .transpose(inner).ravel())
-        if cols == tuple(range(len(cols))):
-            self._set_input(node, 0, r.value)
-            self._set_output(out, identity(2))
-            return
-        if not self.sinkable(out, len(cols)):
-            self._fallback(node, "the flattened features reach an op that needs their original order")
-            return
+        perm = np.asarray(r.perm)
+        for i, v in enumerate(node.inputs[1:], start=1):
+            arr = const_array(v) if v is not None else None
+            if arr is None or arr.size == 0:
+                continue
+            if node.op_type == "Resize" and i == 1:  # roi: [starts..., ends...]
+                if arr.size != 2 * rank:
+                    self._fallback(node, "a Resize roi that does not match the rank")
+                    return
+                fn: Callable[[np.ndarray], np.ndarray] = lambda a: np.concatenate([a[:rank][perm], a[rank:][perm]])
+            elif arr.size == rank:
+                fn = lambda a: a[perm]  # noqa: E731
+            else:
+                self._fallback(node, "Resize parameters that do not match the rank")
+                return
+            self._set_input(node, i, self._permuted_const(v, arr, ("axes", r.perm), fn))
         self._set_input(node, 0, r.value)
-        self._set_output(out, identity(2), cols)
+        self._set_output(node.outputs[0], r.perm)
+
+    def _gather(self, node: ir.Node, reps: list[Rep | None]) -> None:
+        """A Gather with constant indices along axis a of ``u = t.transpose(p)`` is the Gather along ``p⁻¹(a)``;
+        scalar indices remove that axis (the permutation of the others is renumbered)."""
+        r, idx = reps[0], const_array(node.inputs[1])
+        if r is None or r.cols is not None or idx is None or idx.ndim > 1 or not r.perm:
+            self._fallback(node, "Gather of dynamic or multi-dimensional indices")
+            return
+        rank = len(r.perm)
+        axis = int(attr(node, "axis", 0)) % rank
+        set_attr(node, ir.AttrInt64("axis", r.perm.index(axis)))
+        self._set_input(node, 0, r.value)
+        if idx.ndim == 1:
+            self._set_output(node.outputs[0], r.perm)
+        else:
+            kept = [a for a in r.perm if a != axis]
+            self._set_output(node.outputs[0], tuple(a - (a > axis) for a in kept))
+        self.edits += 1
 
     def sinkable(self, v: ir.Value, features: int) -> bool:
         """True if every path from ``v`` ends in a MatMul with a constant weight, passing only through
-        MultiThresholds and elementwise ops with scalar or per-feature constants (the ops that have a rule for a
-        feature order), and ``v`` reaches no graph output."""
-        stack, seen = [v], set()
+        MultiThresholds, elementwise ops with scalar or per-feature constants and Concats along the features (the
+        ops that have a rule for a feature order), and ``v`` reaches no graph output."""
+        stack, seen = [(v, features)], set()
         while stack:
-            cur = stack.pop()
+            cur, feats = stack.pop()
             if cur in seen:
                 continue
             seen.add(cur)
@@ -449,20 +587,25 @@ class LayoutWalk:
                 n = use.node
                 if use.idx == 0 and is_op(n, "MatMul", custom=False):
                     w = const_array(n.inputs[1])
-                    if w is None or w.ndim != 2 or w.shape[0] != features:
+                    if w is None or w.ndim != 2 or w.shape[0] != feats:
                         return False
                 elif use.idx == 0 and is_op(n, "MultiThreshold", custom=True) and \
                         const_array(n.inputs[1]) is not None:
-                    stack.append(n.outputs[0])
+                    stack.append((n.outputs[0], feats))
+                elif is_op(n, "Concat", custom=False) and int(attr(n, "axis", 0)) in (1, -1):
+                    shapes = [_shape(w) for w in n.inputs]
+                    if any(s is None or len(s) != 2 or s[1] < 0 for s in shapes):
+                        return False
+                    stack.append((n.outputs[0], sum(s[1] for s in shapes)))
                 elif _is_elementwise(n) and len(n.outputs) == 1:
                     for j, other in enumerate(n.inputs):
                         if other is None or j == use.idx:
                             continue
                         arr = const_array(other)
-                        if arr is None or (arr.size != 1 and arr.size != features) or \
-                                (arr.size == features and arr.shape[-1] != features):
+                        if arr is None or (arr.size != 1 and arr.size != feats) or \
+                                (arr.size == feats and arr.shape[-1] != feats):
                             return False
-                    stack.append(n.outputs[0])
+                    stack.append((n.outputs[0], feats))
                 else:
                     return False
         return True

@@ -4,8 +4,15 @@ What FINN's hardware conversion expects, and the pass that provides it:
 
 * ``Im2Col`` (NHWC, ``pad_amount``, ``pad_value`` 0, ``depthwise``) + ``MatMul`` with a ``[K, N]`` integer
   weight → ConvolutionInputGenerator (+ FMPadding) and MVAU, or VVAU when the weight carries the depthwise
-  ``tensor_sparsity`` annotation: :class:`~streamline.lower_conv.LowerConvsToMatMul`;
-* ``MaxPoolNHWC`` → StreamingMaxPool or Pool: :class:`~streamline.lower_pool.MakeMaxPoolNHWC`;
+  ``tensor_sparsity`` annotation: :class:`~streamline.lower_conv.LowerConvsToMatMul` (grouped convolutions with a
+  block-diagonal weight);
+* ``FMPadding_Pixel`` + ``Im2Col`` + ``MatMul`` for a transposed convolution (FINN's pixel-padding deconvolution):
+  :class:`~streamline.lower_deconv.LowerConvTransposeToMatMul`;
+* ``MaxPoolNHWC`` → StreamingMaxPool or Pool: :class:`~streamline.lower_pool.MakeMaxPoolNHWC`; an integer
+  average as ``Im2Col → Reshape → ReduceSum`` and a scale (an accumulating Pool):
+  :class:`~streamline.lower_pool.LowerAveragePool`;
+* DepthToSpace and SpaceToDepth as Reshape–Transpose–Reshape (:class:`~streamline.lower_space.LowerDepthToSpace`),
+  folded into the layout by the NHWC conversion (FINN's Shuffle where one Transpose stays);
 * NHWC everywhere, MultiThreshold with ``data_layout`` NHWC (Thresholding/MVAU activations), NHWC Add streams,
   Concat on the last axis, a flatten feeding the classifier's MVAU with permuted weight rows, and layout
   annotations: :class:`~streamline.layout.ConvertToNHWC` (one Transpose left, at the graph input), with FINN's
@@ -31,7 +38,9 @@ from streamline.datatypes import InferDataTypes
 from streamline.layout import AbsorbConsecutiveTransposes, AbsorbTransposeIntoMultiThreshold, ConvertToNHWC
 from streamline.lower_1d import Change3DTo4DTensors
 from streamline.lower_conv import LowerConvsToMatMul
-from streamline.lower_pool import MakeMaxPoolNHWC
+from streamline.lower_deconv import LowerConvTransposeToMatMul
+from streamline.lower_pool import LowerAveragePool, MakeMaxPoolNHWC
+from streamline.lower_space import LowerDepthToSpace
 from streamline.round_thresholds import RoundAndClipThresholds
 from streamline.topk import AbsorbScalarMulAddIntoTopK
 from streamline.xnor import ConvertBipolarMatMulToXnorPopcount
@@ -40,7 +49,10 @@ from streamline.xnor import ConvertBipolarMatMulToXnorPopcount
 LOWER_PASSES = [
     Change3DTo4DTensors,
     LowerConvsToMatMul,
+    LowerConvTransposeToMatMul,
     MakeMaxPoolNHWC,
+    LowerAveragePool,
+    LowerDepthToSpace,
     ConvertToNHWC,
     AbsorbTransposeIntoMultiThreshold,
     AbsorbConsecutiveTransposes,
@@ -50,6 +62,7 @@ LOWER_PASSES = [
     RoundAndClipThresholds,
 ]
 
-__all__ = ["LOWER_PASSES", "Change3DTo4DTensors", "LowerConvsToMatMul", "MakeMaxPoolNHWC", "ConvertToNHWC",
+__all__ = ["LOWER_PASSES", "Change3DTo4DTensors", "LowerConvsToMatMul", "LowerConvTransposeToMatMul", "MakeMaxPoolNHWC",
+           "LowerAveragePool", "LowerDepthToSpace", "ConvertToNHWC",
            "AbsorbTransposeIntoMultiThreshold", "AbsorbConsecutiveTransposes", "ConvertBipolarMatMulToXnorPopcount",
            "AbsorbScalarMulAddIntoTopK", "RoundAndClipThresholds"]

@@ -91,9 +91,11 @@ class LowerConvsToMatMul(Rule):
 
     Pattern: a 2-D Conv (4-D input, constant 4-D weight ``[Cout, Cin/g, kh, kw]``) without a bias input (the tidy
     stage's ConvBiasToAdd moves a bias to an Add). Conditions: static shapes; ``group`` is 1, or the convolution is
-    depthwise (``group == Cin == Cout``), or ``dense_grouped`` is set (any other grouping: FINN has no layer for
-    it, so by default it stays a Conv and the miss is recorded); along a spatial dimension of size 1 only a kernel
-    of 1 and no padding (Im2Col's limit).
+    depthwise (``group == Cin == Cout``), or ``dense_grouped`` is set (the default: any other grouping — groups 2
+    or 4, a channel multiplier — becomes one MatMul with a block-diagonal weight, zero where an output channel does
+    not see an input channel, which FINN's MVAU computes as any dense layer; FINN has no grouped layer; with
+    ``dense_grouped=False`` such a Conv stays and the miss is recorded); along a spatial dimension of size 1 only a
+    kernel of 1 and no padding (Im2Col's limit).
 
     Algebra: ``y[n, o, i, j] = Σ_{a,b,c} xp[n, c, i·sh + a·dh, j·sw + b·dw] · W[o, c, a, b]`` with ``xp`` the
     zero-padded input. Im2Col (``pad_amount`` = the Conv's pads, ``pad_value`` 0) lays the window of output pixel
@@ -111,7 +113,7 @@ class LowerConvsToMatMul(Rule):
 
     op_types = ("Conv",)
 
-    def __init__(self, dense_grouped: bool = False, max_rewrites: int | None = None) -> None:
+    def __init__(self, dense_grouped: bool = True, max_rewrites: int | None = None) -> None:
         super().__init__(max_rewrites)
         self.dense_grouped = dense_grouped
 
@@ -133,8 +135,8 @@ class LowerConvsToMatMul(Rule):
         group = int(attr(node, "group", 1))
         depthwise = group > 1 and group == cin == cout and cin_g == 1
         if group > 1 and not depthwise and not self.dense_grouped:
-            return self.miss(node, f"grouped convolution (group={group}) has no FINN layer; "
-                                   "dense_grouped=True lowers it to a block-diagonal MatMul")
+            return self.miss(node, f"grouped convolution (group={group}) has no FINN layer and dense_grouped is "
+                                   "off (it lowers it to a block-diagonal MatMul)")
         kernel = [int(k) for k in attr(node, "kernel_shape", [kh, kw])]
         strides = [int(s) for s in attr(node, "strides", [1, 1])]
         dilations = [int(d) for d in attr(node, "dilations", [1, 1])]

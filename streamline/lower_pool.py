@@ -1,20 +1,25 @@
-"""Lowering MaxPool to FINN's NHWC pooling op.
+"""Lowering MaxPool and AveragePool to FINN's NHWC pooling forms.
 
 FINN maps ``MaxPoolNHWC`` to ``StreamingMaxPool`` (kernel equal to stride) or to ``Im2Col`` + ``Pool`` (kernel at
-least the stride, padding allowed); both read NHWC data.
+least the stride, padding allowed); both read NHWC data. An average of integers becomes FINN's lowered pooling,
+``Im2Col → Reshape → ReduceSum`` (an accumulating ``Pool``), and a scale (:class:`LowerAveragePool`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx_ir as ir
 
 from custom_ops.maxpoolnhwc import pool_output_dim
 from custom_ops.registry import QONNX_DOMAIN
-from finnlite.core.graphutil import is_standard_domain, take_over
+from finnlite.core.datatypes import is_integer_type
+from finnlite.core.graphutil import add_constant, is_standard_domain, take_over
 from finnlite.core.passes import Miss, Rule, register_pass
+from streamline.exact import set_exact
 from streamline.lower_common import TO_NCHW, TO_NHWC, attr, ensure_custom_domain, new_value, shape_of
 
 if TYPE_CHECKING:
@@ -93,6 +98,87 @@ class MakeMaxPoolNHWC(Rule):
                 ir.AttrInt64s("kernel_shape", kernel), ir.AttrInt64s("strides", strides), ir.AttrInt64s("pads", pads),
                 ir.AttrInt64("ceil_mode", ceil_mode)], outputs=[y_nhwc], name=f"{name}_nhwc"),
             ir.Node("", "Transpose", [y_nhwc], attributes=[ir.AttrInt64s("perm", list(TO_NCHW))], outputs=[y_new],
+                    name=f"{name}_transpose_out"),
+        ]
+        model.graph.insert_after(node, nodes)
+        take_over(model, y, y_new)
+        model.remove_node(node)
+
+
+@register_pass(group="lower")
+class LowerAveragePool(Rule):
+    """AveragePool(x)  →  Transpose → Im2Col → Reshape → ReduceSum → Mul(1/(kh·kw)) → Transpose, for an integer x.
+
+    Pattern: a 2-D AveragePool of a 4-D integer tensor (datatype annotation) with a static shape: a float average
+    between quantizers with a kernel smaller than the map. Algebra: the average of a window is its sum times
+    ``1/(kh·kw)`` when every window has ``kh·kw`` elements — no padding, or padding counted (``count_include_pad``,
+    the zeros then sum as zeros); ``Im2Col`` (``depthwise=1``, the pads with ``pad_value`` 0) lays out each window
+    as ``[kh·kw, C]`` with the channel fastest, the Reshape exposes that axis and ``ReduceSum`` adds it: integer sums,
+    exact in float32 as the original's were. The Mul is a scale like any other, moved on into the next thresholds
+    by the restreamline stage. This is FINN's lowered pooling (``Im2Col → Reshape → ReduceSum(axes=[-2])``), which
+    its ``InferPoolFromReduce`` maps to a sliding window and an accumulating ``Pool``. Conditions: ``ceil_mode`` 0,
+    dilations 1, explicit pads or VALID; with pads, ``count_include_pad`` (else the border's divisors differ)."""
+
+    op_types = ("AveragePool",)
+
+    def match(self, model: "Model", node: ir.Node) -> Any:
+        if not is_standard_domain(node.domain):
+            return None
+        x = node.inputs[0]
+        dt = model.get_tensor_datatype(x.name) if model.has_tensor_datatype(x.name) else None
+        if dt is None or not is_integer_type(dt):
+            return None  # a float average stays one (a float input layer)
+        shape = shape_of(model, x)
+        if shape is None or len(shape) != 4:
+            return self.miss(node, "the input shape is not static and 4-D")
+        kernel = [int(k) for k in attr(node, "kernel_shape", [])]
+        strides = [int(s) for s in attr(node, "strides", [1, 1])]
+        auto_pad = str(attr(node, "auto_pad", "NOTSET") or "NOTSET")
+        pads = [0, 0, 0, 0] if auto_pad == "VALID" else [int(p) for p in attr(node, "pads", [0, 0, 0, 0])]
+        if len(kernel) != 2 or int(attr(node, "ceil_mode", 0)) or auto_pad not in ("NOTSET", "VALID") or \
+                any(int(d) != 1 for d in attr(node, "dilations", [1, 1])):
+            return self.miss(node, "only 2-D average pools without ceil_mode, auto_pad SAME or dilations are lowered")
+        if any(pads) and not int(attr(node, "count_include_pad", 0)):
+            return self.miss(node, "a padded average that does not count the padding divides the border by fewer "
+                                   "elements: not one scale")
+        if any(pads) and not dt.allowed(0):
+            return self.miss(node, f"the input datatype {dt.name} cannot hold the zero padding")
+        return node, shape, kernel, strides, pads, dt
+
+    def rewrite(self, model: "Model", match: Any) -> None:
+        node, (n, c, h, w), kernel, strides, pads, dt = match
+        ensure_custom_domain(model)
+        x, y = node.inputs[0], node.outputs[0]
+        name = node.name or "AveragePool"
+        kh, kw = kernel
+        oh = pool_output_dim(h, kh, strides[0], pads[0], pads[2], False)
+        ow = pool_output_dim(w, kw, strides[1], pads[1], pads[3], False)
+        cols_dt = dt if dt.allowed(0) or not any(pads) else None
+        x_nhwc = new_value(model, f"{name}_in_nhwc", (n, h, w, c), dt, NHWC)
+        cols = new_value(model, f"{name}_im2col", (n, oh, ow, kh * kw * c), cols_dt, NHWC)
+        windows = new_value(model, f"{name}_windows", (n, oh, ow, kh * kw, c), cols_dt)
+        sums = new_value(model, f"{name}_sum_nhwc", (n, oh, ow, c), None, NHWC)
+        avg = new_value(model, f"{name}_avg_nhwc", (n, oh, ow, c), None, NHWC)
+        y_new = new_value(model, f"{name}_out", (n, c, oh, ow), None, NCHW)
+        shape = add_constant(model, np.array([n, oh, ow, kh * kw, c], np.int64), f"{name}_windows_shape")
+        axis = add_constant(model, np.array([3], np.int64), f"{name}_window_axis")
+        scale = Fraction(1, kh * kw)
+        k = add_constant(model, np.array(float(scale), np.float32), f"{name}_scale")
+        mul = ir.Node("", "Mul", [sums, k], outputs=[avg], name=f"{name}_scale")
+        set_exact(mul, np.array(scale, dtype=object))
+        nodes = [
+            ir.Node("", "Transpose", [x], attributes=[ir.AttrInt64s("perm", list(TO_NHWC))], outputs=[x_nhwc],
+                    name=f"{name}_transpose_in"),
+            ir.Node(QONNX_DOMAIN, "Im2Col", [x_nhwc], attributes=[
+                ir.AttrInt64s("stride", strides), ir.AttrInt64s("kernel_size", kernel),
+                ir.AttrString("input_shape", f"({n}, {h}, {w}, {c})"), ir.AttrInt64s("pad_amount", pads),
+                ir.AttrInt64("pad_value", 0), ir.AttrInt64("depthwise", 1), ir.AttrInt64s("dilations", [1, 1])],
+                outputs=[cols], name=f"{name}_im2col"),
+            ir.Node("", "Reshape", [cols, shape], outputs=[windows], name=f"{name}_windows"),
+            ir.Node("", "ReduceSum", [windows, axis], attributes=[ir.AttrInt64("keepdims", 0)], outputs=[sums],
+                    name=f"{name}_sum"),
+            mul,
+            ir.Node("", "Transpose", [avg], attributes=[ir.AttrInt64s("perm", list(TO_NCHW))], outputs=[y_new],
                     name=f"{name}_transpose_out"),
         ]
         model.graph.insert_after(node, nodes)

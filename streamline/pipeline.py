@@ -31,6 +31,8 @@ from finnlite.core.passes import PassManager, RunReport, Stage, Transformation, 
 from finnlite.core.validate import validate_model
 from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
 from streamline.absorb_monotone import MONOTONE_PASSES
+from streamline.channel_gather import (AbsorbChannelGatherIntoWeights, CollapseDataMovement,
+                                       MoveChannelGatherPastChannelwise)
 from streamline.collapse import COLLAPSE_PASSES
 from streamline.convert import CONVERT_PASSES
 from streamline.datatypes import InferDataTypes
@@ -40,7 +42,7 @@ from streamline.join import IntegerJoinMultipliers
 from streamline.join_conv import IntegerConvInputScales
 from streamline.lower import LOWER_PASSES
 from streamline.monotone_movement import MoveMonotonePastDataMovement
-from streamline.pool_sign import AbsorbChannelSignIntoMultiThreshold
+from streamline.pool_sign import AbsorbChannelSignIntoMultiThreshold, ShiftSignedLevelsPastPaddedMaxPool
 from streamline.reduce import REDUCE_PASSES
 from streamline.preprocess import MoveAddPastPaddedConv
 from streamline.border import AbsorbBorderIntoThresholds
@@ -82,10 +84,10 @@ def streamline_passes() -> list:
     absorb, and the thresholds re-materialized for the datatypes the round produced. Joins of differently scaled
     branches read only by thresholds take integer multipliers (:mod:`streamline.join`) before the reorder rules
     would equalize their scales by the exact ratio."""
-    return [InferDataTypes, *COLLAPSE_PASSES, IntegerJoinMultipliers, IntegerConvInputScales,
-            *REORDER_PASSES, MoveMonotonePastDataMovement, *REDUCE_PASSES, AbsorbBorderIntoThresholds,
-            MoveAddPastPaddedConv, *ABSORB_PASSES,
-            AbsorbChannelSignIntoMultiThreshold,
+    return [InferDataTypes, *COLLAPSE_PASSES, CollapseDataMovement, IntegerJoinMultipliers, IntegerConvInputScales,
+            *REORDER_PASSES, MoveMonotonePastDataMovement, MoveChannelGatherPastChannelwise,
+            AbsorbChannelGatherIntoWeights, *REDUCE_PASSES, AbsorbBorderIntoThresholds, MoveAddPastPaddedConv,
+            *ABSORB_PASSES, AbsorbChannelSignIntoMultiThreshold, ShiftSignedLevelsPastPaddedMaxPool,
             *MONOTONE_PASSES, RemoveDeadNodes, InferDataTypes, MaterializeThresholds]
 
 

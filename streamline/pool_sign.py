@@ -1,8 +1,9 @@
-"""Per-channel scales of mixed sign in front of a MaxPool: the sign goes into the thresholds and the weights.
+"""Signs in front of a MaxPool: per-channel scales of mixed sign go into the thresholds and the weights; signed
+levels before a padded MaxPool start at 0 (:class:`ShiftSignedLevelsPastPaddedMaxPool`).
 
 A quantizer followed by a BatchNorm with negative gammas (or any per-channel factor of mixed sign) puts
 ``Mul(a)`` with some ``a_c < 0`` between a MultiThreshold and a MaxPool. ``max(a_c·y) = a_c·min(y)`` there, so the
-factor cannot pass the MaxPool (:class:`streamline.reorder.MoveLinearPastMaxPool` takes ``a ≥ 0``), and a
+factor cannot pass the MaxPool (:class:`streamline.move.MoveMulPastLinear` takes ``a ≥ 0``), and a
 per-channel sign cannot be a MultiThreshold's ``out_scale`` (one value per node).
 :class:`AbsorbChannelSignIntoMultiThreshold` moves the sign of each negative channel back through the MultiThreshold into the weights of
 the Conv before it, leaving ``|a|``, which then passes the MaxPool.
@@ -23,7 +24,7 @@ from streamline.datatypes import Range
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
 from streamline.real_thresholds import RealThresholds, set_real_thresholds
 
-__all__ = ["AbsorbChannelSignIntoMultiThreshold", "flip_rows"]
+__all__ = ["AbsorbChannelSignIntoMultiThreshold", "ShiftSignedLevelsPastPaddedMaxPool", "flip_rows"]
 
 
 def flip_rows(rt: RealThresholds, flip: np.ndarray, out_bias: int) -> tuple[RealThresholds, int]:
@@ -114,3 +115,62 @@ class AbsorbChannelSignIntoMultiThreshold(Rule):
         absval = shaped_for_axis(np.array([abs(v) for v in vec], dtype=object), rank, 1)
         node.replace_input_with(ci, model.add_initializer(to_float32(absval), prefix=f"{node.name}_abs"))
         set_exact(node, absval)
+
+
+@register_pass(group="absorb")
+class ShiftSignedLevelsPastPaddedMaxPool(Rule):
+    """MaxPool(MultiThreshold(x; out_bias b < 0)) with padding ⇒ Add(MaxPool(MultiThreshold(x; out_bias 0)), b).
+
+    FINN pads a max pool's input with zeros (its sliding window has no other fill), which is −∞ for the maximum only
+    when 0 is the least level: a signed quantizer's levels (−8 … 7) would see the zeros win at the border. Algebra:
+    the maximum of ``u + b`` over a window is ``max(u) + b``, and ONNX's padding (−∞) is never chosen in either;
+    with the MultiThreshold's out_bias 0 its levels ``u`` are 0 … N, so FINN's zero padding is never greater than a
+    real element of the window. The other consumers of the MultiThreshold read ``u + b`` through an Add of their
+    own; the Adds move on into the next layers and thresholds like any bias. Conditions: out_scale 1 and an integer
+    out_bias below 0; some padding; the MaxPool's Indices output unused."""
+
+    op_types = ("MaxPool",)
+
+    def match(self, model: Any, node: ir.Node) -> Any:
+        if len(node.outputs) > 1 and (node.outputs[1].uses() or node.outputs[1].is_graph_output()):
+            return None
+        pads = node.attributes["pads"].value if "pads" in node.attributes else ()
+        auto_pad = node.attributes["auto_pad"].value if "auto_pad" in node.attributes else "NOTSET"
+        if not any(pads) and auto_pad in ("NOTSET", "VALID"):
+            return None
+        x = node.inputs[0]
+        mt = x.producer() if x is not None else None
+        if mt is None or mt.op_type != "MultiThreshold" or x.is_graph_output():
+            return None
+        scale = mt.attributes["out_scale"].value if "out_scale" in mt.attributes else 1.0
+        bias = mt.attributes["out_bias"].value if "out_bias" in mt.attributes else 0.0
+        if bias >= 0:
+            return None
+        if scale != 1.0 or bias != round(bias):
+            return self.miss(node, "the signed levels before the padded MaxPool need out_scale 1 and an integer "
+                                   "out_bias to start at 0")
+        return node, mt, float(bias)
+
+    def rewrite(self, model: Any, match: Any) -> None:
+        node, mt, bias = match
+        u = mt.outputs[0]
+        n = const_array(mt.inputs[1]).shape[-1]
+        mt.attributes["out_bias"] = ir.AttrFloat32("out_bias", 0.0)
+        out_dt = smallest_int_type(0, n)
+        mt.attributes["out_dtype"] = ir.AttrString("out_dtype", out_dt.name)
+        model.set_tensor_datatype(u.name, out_dt)
+        others = [use for use in u.uses() if use.node is not node]
+        k = model.add_initializer(np.array(bias, np.float32), prefix=f"{mt.name}_levels")
+        if others or u.is_graph_output():
+            shifted = model.make_value_like(u)
+            add = ir.Node("", "Add", [u, k], outputs=[shifted], name=f"{mt.name}_signed")
+            model.graph.insert_after(mt, add)
+            for use in others:
+                use.node.replace_input_with(use.idx, shifted)
+            if u.is_graph_output():
+                model.replace_uses(u, shifted)
+                node.replace_input_with(0, mt.outputs[0])
+        y = node.outputs[0]
+        out = model.make_value_like(y)
+        model.replace_uses(y, out)
+        model.graph.insert_after(node, ir.Node("", "Add", [y, k], outputs=[out], name=f"{node.name}_signed"))

@@ -11,7 +11,8 @@ them into one scalar Mul and a per-channel Add (exactly).
 Before a zero-padded first Conv followed by thresholds, :class:`streamline.border.AbsorbBorderIntoThresholds` takes
 the scalar Mul and the per-channel Add into an integer per-position Add after the Conv and integer thresholds
 (exact; the padded border sees 0, not the mean). Elsewhere :class:`MoveAddPastPaddedConv` moves the per-channel Add
-past a zero-padded first Conv as a float per-position Add; the scalar Mul passes it with ``MoveMulPastConv``. A per-channel ``std`` gives a per-channel Mul, which cannot pass a Conv with integer
+past a zero-padded first Conv as a float per-position Add; the scalar Mul passes it with ``MoveMulPastLinear``. A
+per-channel ``std`` gives a per-channel Mul, which cannot pass a Conv with integer
 weights (it would scale input channels inside each output's sum): the first layer then stays float, and the
 integer-only report says why — use one ``std`` for every channel (Brevitas' ImageNet examples use 0.226).
 """

@@ -48,73 +48,17 @@ def reduce_axes(node: ir.Node) -> list[int] | None:
     return sorted({a % rank for a in axes})
 
 
-def _keepdims(node: ir.Node) -> bool:
-    if node.op_type == "GlobalAveragePool":
-        return True
-    k = node.attributes.get("keepdims")
-    return True if k is None else bool(int(k.value))
-
-
 def _count(node: ir.Node, axes: list[int]) -> int | None:
     shape = node.inputs[0].shape
     dims = [shape[a] for a in axes]
     return int(np.prod(dims)) if all(isinstance(d, int) for d in dims) else None
 
 
-def _varies_only_along(value: np.ndarray, rank: int, axes: list[int]) -> bool:
-    """True if the constant ``value`` (broadcasting against rank ``rank``) is constant along every axis in ``axes``."""
-    shape = (1,) * (rank - value.ndim) + tuple(value.shape)
-    return value.ndim <= rank and all(shape[a] == 1 for a in axes)
-
-
-@register_pass(group="reorder")
-class MoveLinearPastReduce(Rule):
-    """ReduceMean/ReduceSum(Mul(x, a)) → Mul(Reduce(x), a); ReduceMean(Add(x, b)) → Add(ReduceMean(x), b) and
-    ReduceSum(Add(x, b)) → Add(ReduceSum(x), N·b).
-
-    Algebra: a sum or mean over axes A is linear; a factor constant along A comes out of it, and a summand constant
-    along A is summed N = ∏_{a∈A} dim_a times (averaged to itself). Conditions: the reduced axes and their sizes are
-    known; the constant is constant along every reduced axis, and is a scalar unless keepdims = 1 (its shape then
-    still broadcasts against the output); the Mul/Add feeds only the reduction."""
-
-    op_types = ("ReduceMean", "ReduceSum")
-
-    def match(self, model: "Model", node: ir.Node) -> Any:
-        x = node.inputs[0]
-        lin = x.producer() if x is not None else None
-        if lin is None or lin.op_type not in ("Mul", "Add") or not is_standard_domain(lin.domain):
-            return None
-        if len(x.uses()) != 1 or x.is_graph_output():
-            return None
-        c = const_operand(lin)
-        axes = reduce_axes(node)
-        if c is None or axes is None or x.shape is None:
-            return None
-        value = exact_value(lin, c[1])
-        if not _varies_only_along(value, len(x.shape), [a for a in range(len(x.shape)) if a in axes]):
-            return self.miss(node, f"the {lin.op_type}'s constant varies along a reduced axis")
-        if value.size != 1 and not _keepdims(node):
-            return self.miss(node, f"a non-scalar {lin.op_type} cannot pass a reduction without keepdims")
-        n = _count(node, axes)
-        if n is None:
-            return self.miss(node, "the reduced axes have unknown sizes")
-        if lin.op_type == "Add" and node.op_type == "ReduceSum":
-            value = np.asarray(value * n, dtype=object)
-        return node, lin, c[0], value
-
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, lin, ci, value = match
-        node.replace_input_with(0, lin.inputs[1 - ci])
-        model.remove_node(lin)
-        y = node.outputs[0]
-        out = model.make_value_like(y)
-        model.replace_uses(y, out)
-        if value.size == 1:
-            value = np.asarray(value.ravel()[0], dtype=object)
-        k = model.add_initializer(to_float32(value), prefix=f"{lin.name}_c")
-        new = ir.Node("", lin.op_type, [y, k], outputs=[out], name=lin.name)
-        set_exact(new, np.asarray(value, dtype=object))
-        model.graph.insert_after(node, new)
+def _keepdims(node: ir.Node) -> bool:
+    if node.op_type == "GlobalAveragePool":
+        return True
+    k = node.attributes.get("keepdims")
+    return True if k is None else bool(int(k.value))
 
 
 @register_pass(group="reorder")
@@ -163,4 +107,4 @@ class GlobalAverageToReduceSum(Rule):
 
 
 #: the reduction rules, in the order a round applies them
-REDUCE_PASSES = [MoveLinearPastReduce, GlobalAverageToReduceSum]
+REDUCE_PASSES = [GlobalAverageToReduceSum]

@@ -1,9 +1,12 @@
 """The reorder rules: move scales (Mul) and biases (Add) forward, past linear ops, forks and joins.
 
-Every rule moves an elementwise ``Mul(x, a)`` or ``Add(x, b)`` with a constant operand from before a node to after
-it, transforming the constant exactly (Fractions; see :mod:`streamline.exact`). Moving forward until a
-MultiThreshold absorbs them (or the graph output is reached) is what makes the interior integer-only. Each rule's
-docstring gives its algebra and the conditions under which it is exact.
+The rules that need only what an op *is* — data movement, a linear or selection op with its channel map — read
+the op table (:mod:`streamline.algebra`) and live in :mod:`streamline.move`; the rules here need more of an op
+(a weighted sum of a bias, a fork, a join of branches). Every rule moves an elementwise ``Mul(x, a)`` or
+``Add(x, b)`` with a constant operand from before a node to after it, transforming the constant exactly
+(Fractions; see :mod:`streamline.exact`). Moving forward until a MultiThreshold absorbs them (or the graph output
+is reached) is what makes the interior integer-only. Each rule's docstring gives its algebra and the conditions
+under which it is exact.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from finnlite.core.graphutil import is_standard_domain, rank_of, zero_padded
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array, const_shape
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
+from streamline.move import (MoveAddPastAveraging, MoveDataMovementPastElementwise, MoveLinearPastDataMovement,
+                             MoveMulPastLinear)
 from streamline.real_thresholds import exact_sums, fractions_of
 
 if TYPE_CHECKING:
@@ -57,33 +62,6 @@ def _move_after(model: Any, lin: ir.Node, ci: int, node: ir.Node, index: int,
     return new
 
 
-def _scalar(vec: np.ndarray | None) -> bool:
-    return vec is not None and len(vec) == 1
-
-
-@register_pass(group="reorder")
-class MoveScalarMulPastMatMul(Rule):
-    """MatMul(Mul(x, a), W) → Mul(MatMul(x, W), a) for a scalar a and a constant W.
-
-    Algebra: (a·x)·W = a·(x·W). Condition: the Mul feeds only the MatMul."""
-
-    op_types = ("MatMul",)
-
-    def match(self, model: "Model", node: ir.Node) -> Any:
-        lin = _linear_input(node, 0, ("Mul",))
-        if lin is None or const_array(node.inputs[1]) is None:
-            return None
-        vec = exact_value(lin[0], lin[2]).ravel()
-        if len(vec) != 1:
-            return self.miss(node, "the Mul before the MatMul is not a scalar (a per-feature scale cannot pass "
-                                   "integer weights)")
-        return node, lin, vec
-
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), vec = match
-        _move_after(model, lin, ci, node, 0, np.array(vec[0], dtype=object))
-
-
 @register_pass(group="reorder")
 class MoveAddPastMatMul(Rule):
     """MatMul(Add(x, b), W) → Add(MatMul(x, W), b·W) for a constant W and b a scalar or one value per row of W.
@@ -120,40 +98,6 @@ def _conv_attrs(node: ir.Node) -> dict[str, Any]:
     return {k: a.value for k, a in node.attributes.items()}
 
 
-def _is_depthwise(node: ir.Node, w: np.ndarray) -> bool:
-    group = int(_conv_attrs(node).get("group", 1))
-    return group > 1 and w.shape[1] == 1 and w.shape[0] == group
-
-
-@register_pass(group="reorder")
-class MoveMulPastConv(Rule):
-    """Conv(Mul(x, a), W) → Mul(Conv(x, W), a) for a scalar a, or a per-channel a before a depthwise Conv.
-
-    Algebra: convolution is linear, and zero padding stays zero under scaling, so Conv(a·x) = a·Conv(x); a
-    depthwise Conv maps channel c to channel c only, so a per-channel a passes too (FINN: MoveScalarMulPastConv,
-    MoveMulPastDWConv). Condition: the Mul feeds only the Conv; W is constant."""
-
-    op_types = ("Conv",)
-    aliases = ("MoveScalarMulPastConv", "MoveMulPastDWConv")
-
-    def match(self, model: "Model", node: ir.Node) -> Any:
-        lin = _linear_input(node, 0, ("Mul",))
-        w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
-        if lin is None or w is None:
-            return None
-        rank = rank_of(node.inputs[0], constants=False)
-        vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
-        if vec is None:
-            return self.miss(node, "the Mul before the Conv varies along a spatial axis")
-        if len(vec) > 1 and not _is_depthwise(node, w):
-            return self.miss(node, "a per-channel Mul cannot pass a non-depthwise Conv with integer weights")
-        return node, lin, vec, rank
-
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), vec, rank = match
-        _move_after(model, lin, ci, node, 0, shaped_for_axis(vec, rank, 1))
-
-
 @register_pass(group="reorder")
 class MoveAddPastConv(Rule):
     """Conv(Add(x, b), W) → Add(Conv(x, W), c) with c_o = Σ_{i,k} W[o, i, k]·b_i, for an unpadded Conv.
@@ -187,61 +131,6 @@ class MoveAddPastConv(Rule):
             g = o // per_group_out
             c[o] = sum(wsum[o, i] * vec[0 if len(vec) == 1 else g * in_per_group + i] for i in range(in_per_group))
         _move_after(model, lin, ci, node, 0, shaped_for_axis(c, rank, 1))
-
-
-@register_pass(group="reorder")
-class MoveLinearPastMaxPool(Rule):
-    """MaxPool(Mul(x, a)) → Mul(MaxPool(x), a) for a ≥ 0; MaxPool(Add(x, b)) → Add(MaxPool(x), b).
-
-    Algebra: max is monotone, so max(a·x) = a·max(x) for a > 0 (and 0 = 0·max(x) for a = 0) and max(x + b) =
-    max(x) + b; a and b scalar or per channel (axis 1). A negative factor would turn max into min: left in place
-    (:class:`streamline.pool_sign.AbsorbChannelSignIntoMultiThreshold` moves such signs into the weights)."""
-
-    op_types = ("MaxPool",)
-    aliases = ("MoveMulPastMaxPool",)
-
-    def match(self, model: "Model", node: ir.Node) -> Any:
-        lin = _linear_input(node, 0, ("Mul", "Add"))
-        if lin is None or len(node.outputs) > 1 and node.outputs[1].uses():
-            return None
-        rank = rank_of(node.inputs[0], constants=False)
-        vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
-        if vec is None:
-            return self.miss(node, f"the {lin[0].op_type} before MaxPool varies along a spatial axis")
-        if lin[0].op_type == "Mul" and any(v < 0 for v in vec):
-            return self.miss(node, "a negative scale cannot pass MaxPool")
-        return node, lin, vec, rank
-
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), vec, rank = match
-        _move_after(model, lin, ci, node, 0, shaped_for_axis(vec, rank, 1))
-
-
-@register_pass(group="reorder")
-class MoveLinearPastAveragePool(Rule):
-    """AveragePool(Mul(x, a)) → Mul(AveragePool(x), a); AveragePool(Add(x, b)) → Add(AveragePool(x), b).
-
-    Algebra: an average is linear and averages a constant to itself. Condition for Add: no padding counted in
-    the average (count_include_pad with pads would mix in zeros)."""
-
-    op_types = ("AveragePool", "GlobalAveragePool")
-
-    def match(self, model: "Model", node: ir.Node) -> Any:
-        lin = _linear_input(node, 0, ("Mul", "Add"))
-        if lin is None:
-            return None
-        attrs = _conv_attrs(node)
-        if lin[0].op_type == "Add" and zero_padded(node) and int(attrs.get("count_include_pad", 0)):
-            return self.miss(node, "an Add cannot pass an AveragePool that counts padding")
-        rank = rank_of(node.inputs[0], constants=False)
-        vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
-        if vec is None:
-            return self.miss(node, f"the {lin[0].op_type} before AveragePool varies along a spatial axis")
-        return node, lin, vec, rank
-
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), vec, rank = match
-        _move_after(model, lin, ci, node, 0, shaped_for_axis(vec, rank, 1))
 
 
 @register_pass(group="reorder")
@@ -300,39 +189,6 @@ class MoveMulPastRelu(Rule):
         set_exact(new_mul, np.asarray(vec, dtype=object))
         model.graph.insert_after(node, new_mul)
         model.remove_node(lin)
-
-
-@register_pass(group="reorder")
-class MoveScalarLinearPastInvariants(Rule):
-    """Reshape/Flatten/Transpose/Squeeze/Unsqueeze/Identity(op(x, c)) → op(Reshape…(x), c) for a scalar c, and for
-    a Transpose also a per-axis c (permuted). Algebra: these ops only move elements (FINN: the same name)."""
-
-    op_types = ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity")
-
-    def match(self, model: "Model", node: ir.Node) -> Any:
-        lin = _linear_input(node, 0, ("Mul", "Add"))
-        if lin is None:
-            return None
-        val = exact_value(lin[0], lin[2])
-        if val.size == 1:
-            return node, lin, np.asarray(val.ravel()[0], dtype=object)
-        if node.op_type == "Transpose" and "perm" in node.attributes:
-            rank = rank_of(node.inputs[0], constants=False)
-            if rank is None:
-                return None
-            full = val.reshape((1,) * (rank - val.ndim) + val.shape)
-            return node, lin, np.transpose(full, list(node.attributes["perm"].value))
-        out_rank = rank_of(node.outputs[0], constants=False)
-        in_shape = node.inputs[0].shape
-        if node.op_type in ("Reshape", "Flatten") and out_rank == 2 and in_shape is not None and len(in_shape) == 4:
-            vec = channel_vector(val, 4, 1)
-            if vec is not None and in_shape[2] == 1 and in_shape[3] == 1:  # [N, C, 1, 1] → [N, C]
-                return node, lin, vec.reshape(1, -1)
-        return self.miss(node, f"a non-scalar {lin[0].op_type} cannot pass {node.op_type} here")
-
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), new = match
-        _move_after(model, lin, ci, node, 0, new)
 
 
 @register_pass(group="reorder")
@@ -445,95 +301,34 @@ class MoveLinearPastEltwiseAdd(Rule):
 
 
 @register_pass(group="reorder")
-class MoveLinearPastConcat(Rule):
-    """Concat(Mul(x1, a1), …, Mul(xn, an); axis=1) → Mul(Concat(x1, …, xn), [a1 … an]) with per-channel vectors
-    (likewise for Add). Algebra: each channel keeps its own factor. Conditions: every input is such a Mul (Add)
-    with a scalar or per-channel constant, each feeding only the Concat; the channel counts are known. Equal factors
-    on every channel (one quantizer shared by the inputs) give a scalar, which can then pass a Conv."""
+class MoveMulPastEltwiseMul(Rule):
+    """Mul(Mul(x, a), y) → Mul(Mul(x, y), a) for a constant a and a computed y (either input of the product).
 
-    op_types = ("Concat",)
+    Algebra: products commute and associate, broadcasting included: every output element is a·x·y with the
+    elements of a, x and y its broadcast picks. So a gated product of two quantized tensors (squeeze-excitation:
+    features times a quantized sigmoid gate) becomes the integer product of their levels (FINN's ElementwiseMul)
+    times the product of their scales, which moves on into the next thresholds. Conditions: the inner Mul feeds only
+    the product; the product has two computed inputs."""
 
-    def match(self, model: "Model", node: ir.Node) -> Any:
-        axis = int(node.attributes["axis"].value) if "axis" in node.attributes else 0
-        rank = rank_of(node.outputs[0], constants=False)
-        if rank is None or axis % rank != 1:
-            return None
-        lins = [_linear_input(node, i, ("Mul", "Add")) for i in range(len(node.inputs))]
-        if any(x is None for x in lins) or len({x[0].op_type for x in lins}) != 1:
-            return None
-        vecs = []
-        for i, (lin, ci, val) in enumerate(lins):
-            vec = channel_vector(exact_value(lin, val), rank, 1)
-            ch = node.inputs[i].shape[1] if node.inputs[i].shape is not None else None
-            if vec is None or not isinstance(ch, int):
-                return self.miss(node, "a Concat input's constant varies along a spatial axis")
-            vecs.append(np.array([vec[0]] * ch if len(vec) == 1 else list(vec), dtype=object))
-        vec = np.concatenate(vecs)
-        if all(v == vec[0] for v in vec):  # one quantizer on every input (equal scales): the factor stays scalar
-            vec = vec[:1]
-        return node, lins, vec, rank
-
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, lins, vec, rank = match
-        for i, (lin, ci, _) in enumerate(lins[1:], start=1):
-            node.replace_input_with(i, lin.inputs[1 - ci])
-            model.remove_node(lin)
-        lin, ci, _ = lins[0]
-        _move_after(model, lin, ci, node, 0, shaped_for_axis(vec, rank, 1))
-
-
-@register_pass(group="reorder")
-class MoveLinearPastPad(Rule):
-    """Pad(Mul(x, a), v) → Mul(Pad(x, v/a), a); Pad(Add(x, b), v) → Add(Pad(x, v − b), b) (constant mode).
-
-    Algebra: the border of the result must stay v: a·(v/a) = v and (v − b) + b = v. Conditions: constant mode, a
-    scalar constant (a per-channel one would need a per-channel pad value), a ≠ 0, the new pad value exact in
-    float32; the Mul/Add feeds only the Pad. With v = 0 a Mul passes unchanged; FINN's rule that moved a Mul past
-    a Pad with a non-zero fill value changed the border."""
-
-    op_types = ("Pad",)
+    op_types = ("Mul",)
 
     def match(self, model: "Model", node: ir.Node) -> Any:
-        lin = _linear_input(node, 0, ("Mul", "Add"))
-        if lin is None:
+        if not is_standard_domain(node.domain) or len(node.inputs) != 2 or const_operand(node) is not None:
             return None
-        mode = node.attributes["mode"].value if "mode" in node.attributes else "constant"
-        if mode != "constant":
-            return self.miss(node, f"a linear op cannot pass a Pad in {mode} mode")
-        val = exact_value(lin[0], lin[2])
-        if val.size != 1:
-            return self.miss(node, f"a non-scalar {lin[0].op_type} cannot pass a Pad (the fill value is scalar)")
-        a = val.ravel()[0]
-        fill = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
-        if len(node.inputs) > 2 and node.inputs[2] is not None and fill is None:
-            return self.miss(node, "the pad value is not a constant")
-        v = Fraction(float(np.asarray(fill).ravel()[0])) if fill is not None else Fraction(0)
-        if lin[0].op_type == "Mul":
-            if a == 0:
-                return self.miss(node, "a zero scale cannot pass a Pad")
-            new_v = v / a
-        else:
-            new_v = v - a
-        if Fraction(float(np.float32(float(new_v)))) != new_v:
-            return self.miss(node, "the moved pad value is not exact in float32")
-        return node, lin, new_v, val
+        if any(v is None or const_array(v) is not None for v in node.inputs):
+            return None
+        for side in (0, 1):
+            lin = _linear_input(node, side, ("Mul",))
+            if lin is not None:
+                return node, side, lin
+        return None
 
     def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), new_v, val = match
-        if new_v != 0 or len(node.inputs) > 2:
-            k = model.add_initializer(np.array(float(new_v), np.float32), prefix=f"{node.name}_fill")
-            if len(node.inputs) > 2:
-                node.replace_input_with(2, k)
-            else:
-                while len(node.inputs) < 2:
-                    node.resize_inputs(len(node.inputs) + 1)
-                node.resize_inputs(3)
-                node.replace_input_with(2, k)
-        _move_after(model, lin, ci, node, 0, val)
+        node, side, (lin, ci, val) = match
+        _move_after(model, lin, ci, node, side, exact_value(lin, val))
 
 
-#: The reorder rules, in the order a round applies them.
-REORDER_PASSES = [MoveLinearPastFork, MoveScalarMulPastMatMul, MoveAddPastMatMul, MoveMulPastConv, MoveAddPastConv,
-                  MoveLinearPastMaxPool, MoveLinearPastAveragePool, MoveMulPastRelu, MoveScalarLinearPastInvariants,
-                  MoveLinearPastPad,
-                  MoveLinearPastEltwiseAdd, MoveLinearPastConcat]
+#: The reorder rules, in the order a round applies them (with the table-driven ones of streamline.move).
+REORDER_PASSES = [MoveLinearPastFork, MoveMulPastLinear, MoveAddPastMatMul, MoveAddPastConv, MoveAddPastAveraging,
+                  MoveMulPastRelu, MoveLinearPastDataMovement, MoveLinearPastEltwiseAdd, MoveMulPastEltwiseMul,
+                  MoveDataMovementPastElementwise]

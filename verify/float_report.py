@@ -26,6 +26,7 @@ from finnlite.core.datatypes import is_integer_type
 from finnlite.core.model import Model, as_model
 from finnlite.core.passes import Miss
 from verify.channel_scales import channel_scale_cause
+from verify.float_gate import float_gate_cause
 from verify.grid_cause import grid_cause
 from verify.final import integer_tail
 from verify.region import constant_tensors, node_label, topo_order
@@ -175,7 +176,8 @@ def float_report(model: Any, misses: Iterable[Miss] | Any = ()) -> FloatReport:
         reason = f"output '{float_out[0]}' has no integer datatype"
         if float_in:
             reason += f" (float input '{float_in[0]}')"
-        cause = ("" if float_in else channel_scale_cause(node) or "") or grid_cause(m, node) or ""
+        cause = ("" if float_in else channel_scale_cause(node) or float_gate_cause(node) or "") or grid_cause(m, node) \
+            or ""
         entry = FloatNode(label, node.op_type, float_out, float_in, reason, _closest(found), found, cause)
         origin = root.get(float_in[0], entry) if float_in else entry
         if origin is not entry and origin.cause:

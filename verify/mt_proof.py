@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from custom_ops.multithreshold import channel_axis_of, multithreshold
+from custom_ops.multithreshold import channel_axis_of, multithreshold_rows
 from finnlite.core.model import Model
 from finnlite.core.policies import Equality, Policy, Tolerance
 from finnlite.core.shapes import const_array
@@ -88,7 +88,7 @@ def _old_levels(old: Any, before: Model, channels: int, rest: int) -> tuple[Any,
     if thr is None or thr.ndim != 2 or thr.shape[0] not in (1, channels) or scale == 0:
         return None
     t = np.broadcast_to(np.asarray(thr, np.float64), (channels, thr.shape[1]))
-    return (lambda x: multithreshold(x, t, scale, bias, channel_axis=0)), np.full(channels, abs(scale))
+    return (lambda x: multithreshold_rows(x, t, scale, bias)), np.full(channels, abs(scale))
 
 
 def _exact(fit: AffineFit, a3: np.ndarray, z3: np.ndarray, old: Any, lo: float, hi: float) -> np.ndarray:

@@ -38,7 +38,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from custom_ops.multithreshold import multithreshold
+from custom_ops.multithreshold import multithreshold_rows
+from finnlite.core.graphutil import channel_order
 from finnlite.core.model import Model
 from finnlite.core.shapes import const_array
 from verify.annotations import derived_ranges
@@ -81,6 +82,14 @@ class _Match:
     relu: bool = False
     #: ``z`` is the quantizer's input, a Relu'd tensor moved by data movement/max pooling (module docstring)
     relu_inside: bool = False
+    #: the original's channel of each channel of the streamlined MultiThreshold (reordered: an NHWC flatten's
+    #: features, a channel shuffle moved past it), or None
+    cols: np.ndarray | None = None
+
+    def ordered(self, zs: list[np.ndarray]) -> list[np.ndarray]:
+        """The original's tensors ``zs`` (NCHW or NC) with their channels in the streamlined MultiThreshold's
+        order."""
+        return zs if self.cols is None else [np.take(np.asarray(z), self.cols, axis=1) for z in zs]
 
 
 #: ops that may produce a matched quantizer's input: the accumulator is then an affine map of it per channel (a
@@ -183,8 +192,11 @@ def _matches(model: Model, original: Model) -> list[_Match]:
         if before is not None and before.op_type not in _AFFINE_BEFORE:
             continue  # a non-linear activation (Tanh, Sigmoid, PRelu, ...) between the layer and the quantizer
         layout = model.get_tensor_layout(a)
+        cols = channel_order(node)
+        if cols is not None and np.size(const_array(q.inputs[1]) if len(q.inputs) > 1 else None) != 1:
+            continue  # per-feature quantizer parameters in another order: the output comparison judges it
         found.append(_Match(node, q, a, z, bool(layout) and len(layout) == 4 and layout[-1] == "C", relu or inside,
-                            inside))
+                            inside, cols))
     return found
 
 
@@ -347,7 +359,7 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
             nhwc = True  # the streamlined tensor is NHWC (annotated, or seen by its shape)
 
         def original_z(dtype: str, mt: _Match = mt, nhwc: bool = nhwc) -> np.ndarray:
-            return _original_z3([v[mt.z] for v in original_values(dtype)], nhwc)
+            return _original_z3(mt.ordered([v[mt.z] for v in original_values(dtype)]), nhwc)
 
         if a.shape != (moved if nhwc and len(z_shape) == 5 else z_shape) or a.ndim < 3:
             continue
@@ -381,9 +393,9 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
     for p in pending:
         issue = None
         if local is not None and all(p.mt.z in local[i] for i in sample_ids):
-            issue = _verdict(p, model, original, [local[i][p.mt.z] for i in sample_ids])
+            issue = _verdict(p, model, original, p.mt.ordered([local[i][p.mt.z] for i in sample_ids]))
         if local is None or issue is not None:
-            issue = _verdict(p, model, original, [v[p.mt.z] for v in original_values("float64")])
+            issue = _verdict(p, model, original, p.mt.ordered([v[p.mt.z] for v in original_values("float64")]))
         producer = model.find_producer(p.mt.a)
         if issue is not None and issue.tensor == p.mt.a and proved_layers and producer is not None and node_label(
                 producer) in proved_layers:
@@ -499,7 +511,7 @@ def prove_levels(thr: np.ndarray, fit: AffineFit, lo: float, hi: float,
     # ``levels`` is monotone: where it agrees on both sides it takes that value at the point too; else a tie
     q0, qp = out[:, :m], out[:, m:]
     tie = q0 != qp  # type: ignore[operator]
-    count = multithreshold(points, t, channel_axis=0)  # the thresholds' level index at each point
+    count = multithreshold_rows(points, t)  # the thresholds' level index at each point (a binary search)
     # (point, point before it) for every threshold inside the range, and (lo, hi)
     first = np.concatenate([np.arange(n), [2 * n]])
     second = np.concatenate([np.arange(n) + n, [2 * n + 1]])

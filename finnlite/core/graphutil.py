@@ -7,6 +7,7 @@ Nothing here decides a rewrite; the passes in :mod:`streamline` do. The annotati
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -20,12 +21,14 @@ from finnlite.core.tensors import DepthwiseWeight
 if TYPE_CHECKING:
     from finnlite.core.model import Model
 
-__all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "clip_bounds", "is_standard_domain", "rank_of", "take_over",
-           "zero_padded"]
+__all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "channel_order", "clip_bounds", "is_standard_domain",
+           "rank_of", "reorder_channels", "set_channel_order", "take_over", "zero_padded"]
 
 _QA_KEY = "quant_parameter_tensor_names"  # where Model keeps annotations (see finnlite.core.model)
 _DT_KEY = "finn_datatype"
 _LAYOUT_KEY = "tensor_layout"
+#: a MultiThreshold's channels relative to the original quantizer's (node metadata)
+_ORDER_KEY = "finnlite.channel_order"
 
 
 def rank_of(v: ir.Value | None, *, constants: bool = True) -> int | None:
@@ -59,6 +62,43 @@ def annotate(v: ir.Value, datatype: BaseDataType | str | None = None, layout: Se
     if layout is not None:
         ann[_LAYOUT_KEY] = str([str(x) for x in layout])
     v.meta[_QA_KEY] = ann
+
+
+def set_channel_order(node: ir.Node, order: Sequence[int] | None) -> None:
+    """Record on MultiThreshold ``node`` that its channel ``j`` thresholds channel ``order[j]`` of the original
+    model's quantizer it replaces (the channels were reordered: an NHWC flatten's features, a channel shuffle moved
+    past it); None removes the record. Stored as arithmetic runs ``[start, step, count]`` (an NHWC flatten is one
+    run per pixel) in the node's ``finnlite.channel_order`` metadata; the final check reads it."""
+    if order is None:
+        node.metadata_props.pop(_ORDER_KEY, None)
+        return
+    runs: list[list[int]] = []
+    for c in (int(c) for c in order):
+        if runs and runs[-1][2] == 1:
+            runs[-1][1], runs[-1][2] = c - runs[-1][0], 2
+        elif runs and runs[-1][0] + runs[-1][1] * runs[-1][2] == c:
+            runs[-1][2] += 1
+        else:
+            runs.append([c, 1, 1])
+    node.metadata_props[_ORDER_KEY] = json.dumps(runs)
+
+
+def channel_order(node: ir.Node) -> np.ndarray | None:
+    """The channel order recorded by :func:`set_channel_order` on ``node``, or None."""
+    text = node.metadata_props.get(_ORDER_KEY)
+    if not text:
+        return None
+    runs = json.loads(text)
+    return np.concatenate([start + step * np.arange(count) for start, step, count in runs]).astype(np.int64)
+
+
+def reorder_channels(node: ir.Node, new_to_old: Sequence[int]) -> None:
+    """Record that MultiThreshold ``node``'s channel ``j`` is now its former channel ``new_to_old[j]`` (composed with
+    any order recorded before)."""
+    idx = np.asarray(new_to_old, dtype=np.int64)
+    old = channel_order(node)
+    order = idx if old is None else old[idx]
+    set_channel_order(node, None if np.array_equal(order, np.arange(order.size)) else order)
 
 
 def add_constant(model: "Model", array: np.ndarray | DepthwiseWeight, prefix: str,

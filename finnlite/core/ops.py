@@ -7,6 +7,8 @@ the core never imports them. A registered class is built for a node with its ``f
 
 The QONNX/FINN custom ops are accepted in the domains ``qonnx.custom_op.general``, ``finn.custom_op.general`` and
 ``onnx.brevitas`` (the old Brevitas exporter's domain); each op class registers once and is found under all three.
+A class with its own ``domains`` registers there only: FINN's HW layers that the lowering emits where FINN has no
+other form (``FMPadding_Pixel`` of a transposed convolution) live in ``finn.custom_op.fpgadataflow``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from finnlite.core.errors import OpError
 
 QONNX_DOMAIN = "qonnx.custom_op.general"
 CUSTOM_DOMAINS = ("qonnx.custom_op.general", "finn.custom_op.general", "onnx.brevitas")
+#: FINN's HW layers (finn-plus ``finn.custom_op.fpgadataflow``)
+HW_DOMAIN = "finn.custom_op.fpgadataflow"
 STANDARD_DOMAINS = ("", "ai.onnx")
 
 _REGISTRY: dict[tuple[str, str], Any] = {}
@@ -39,8 +43,8 @@ def executor_factory() -> Any:
 
 
 def register(cls: Any) -> Any:
-    """Class decorator: register ``cls`` under its ``op_type`` in every custom-op domain."""
-    for domain in CUSTOM_DOMAINS:
+    """Class decorator: register ``cls`` under its ``op_type`` in every custom-op domain (or in its ``domains``)."""
+    for domain in getattr(cls, "domains", None) or CUSTOM_DOMAINS:
         key = (domain, cls.op_type)
         if key in _REGISTRY and _REGISTRY[key] is not cls:
             raise ValueError(f"custom op {key} registered twice")
@@ -55,8 +59,8 @@ def register_alias(op_type: str, cls: Any) -> None:
 
 
 def is_custom_domain(domain: str) -> bool:
-    """True for the domains of QONNX/FINN custom ops."""
-    return domain in CUSTOM_DOMAINS
+    """True for the domains of QONNX/FINN custom ops (FINN's HW layers included)."""
+    return domain in CUSTOM_DOMAINS or domain == HW_DOMAIN
 
 
 def is_standard_domain(domain: str) -> bool:

@@ -6,8 +6,9 @@ the default pipeline (:func:`finnlite.build.streamline`, what the CLI runs, with
 measures what the corpus test asserts and the corpus report (``python -m bench.corpus``) prints:
 
 * integer-only: no interior float node (:func:`verify.float_report`), no Quant / BipolarQuant / Trunc /
-  BatchNormalization left, and the output dequantization at most one Mul and one Add (and shape ops);
-* at most one Transpose;
+  BatchNormalization left, and each output's dequantization at most one Mul and one Add (and shape ops);
+* at most one Transpose per image or sequence (4-D or 3-D) graph input (one at least), and one per such graph
+  output (its way back to NCHW/NCW at the tail);
 * exact: agreement with float64 execution of the original on 32 inputs drawn from the manifest's input range (the
   input quantizer's), through :func:`verify.final_check` with ``float64="all"`` (the same comparison as the
   CLI's final check, on every sample).
@@ -50,19 +51,25 @@ def manifest_entries(directory: Path) -> dict[str, dict[str, Any]]:
     return _manifest(directory)
 
 
-def committed_entries() -> dict[str, dict[str, Any]]:
-    """The committed models' manifest entries (with ``dir``)."""
-    return {k: e for k, e in _manifest(COMMITTED).items() if not e.get("cached")}
+def committed_entries(subdir: str | None = None) -> dict[str, dict[str, Any]]:
+    """The committed models' manifest entries (with ``dir``): the corpus of ``tests/corpus/models``, or with
+    ``subdir`` a recipe folder of it (``recipes_layout``: ``tests/corpus/export_recipes_layout.py``)."""
+    return {k: e for k, e in _manifest(_folder(COMMITTED, subdir)).items() if not e.get("cached")}
 
 
-def corpus_names() -> set[str]:
-    """Every model of the corpus, committed or cached (the committed manifest lists both)."""
-    return set(_manifest(COMMITTED))
+def corpus_names(subdir: str | None = None) -> set[str]:
+    """Every model of the corpus (or recipe folder), committed or cached (the committed manifest lists both)."""
+    return set(_manifest(_folder(COMMITTED, subdir)))
 
 
-def cached_entries() -> dict[str, dict[str, Any]]:
-    """The cache directory's manifest entries (with ``dir``); empty when the cache is absent."""
-    return _manifest(cache_dir())
+def cached_entries(subdir: str | None = None) -> dict[str, dict[str, Any]]:
+    """The cache directory's manifest entries (with ``dir``); empty when the cache is absent. With ``subdir``:
+    the recipe folder's, in the cache's folder of that name."""
+    return _manifest(_folder(cache_dir(), subdir))
+
+
+def _folder(base: Path, subdir: str | None) -> Path:
+    return base / subdir if subdir else base
 
 
 def model_path(entry: dict[str, Any]) -> Path:
@@ -79,18 +86,29 @@ class CorpusResult:
     float_nodes: list[str] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
+    #: the output dequantization of each graph output (op types), when the outputs are several
+    tails: list[list[str]] = field(default_factory=list)
     transposes: int = 0
+    #: Transposes allowed: one per image or sequence (3-D or 4-D, channels on axis 1) graph input, at least one, and
+    #: one per such graph output (computed channels-last, an NCHW/NCW output needs its Transpose back, at the tail,
+    #: as such an input at the head)
+    transposes_allowed: int = 1
     exact: bool | None = None
     mismatch: str = ""
     seconds: float = 0.0
+    #: the op histogram of the result
+    ops: dict[str, int] = field(default_factory=dict)
     crash: str = ""
     verification: str = ""
 
     @property
     def tail_ok(self) -> bool:
-        ops = [t.split(" ", 1)[0] for t in self.tail]
-        arithmetic = [o for o in ops if o not in _SHAPE_OPS]
-        return all(o in ("Mul", "Add") for o in arithmetic) and ops.count("Mul") <= 1 and ops.count("Add") <= 1
+        """At most one Mul and one Add (and shape ops) dequantize each graph output."""
+        for ops in self.tails or [[t.split(" ", 1)[0] for t in self.tail]]:
+            arithmetic = [o for o in ops if o not in _SHAPE_OPS]
+            if not all(o in ("Mul", "Add") for o in arithmetic) or ops.count("Mul") > 1 or ops.count("Add") > 1:
+                return False
+        return True
 
     def problems(self) -> list[str]:
         """Every requirement the result misses, one line each (empty: the model passes)."""
@@ -105,11 +123,24 @@ class CorpusResult:
             out.append(f"left over: {', '.join(self.leftovers)}")
         if not self.tail_ok:
             out.append(f"output dequantization is more than one Mul and one Add: {', '.join(self.tail)}")
-        if self.transposes > 1:
-            out.append(f"{self.transposes} Transposes")
+        if self.transposes > self.transposes_allowed:
+            out.append(f"{self.transposes} Transposes (at most {self.transposes_allowed}: one per image or sequence "
+                       "input and output)")
         if self.exact is False:
             out.append(f"differs from float64 execution of the original: {self.mismatch}")
         return out
+
+
+def input_ranges(model: Any, entry: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """The manifest's input range of each graph input, by name: one ``[lo, hi]`` for a model with one input, one
+    range per input (in the graph's input order) for a model with several."""
+    names = [v.name for v in model.graph.inputs]
+    ranges = entry["input_range"]
+    if not isinstance(ranges[0], (list, tuple)):
+        ranges = [ranges] * len(names)
+    if len(ranges) != len(names):
+        raise ValueError(f"the manifest gives {len(ranges)} input ranges for the {len(names)} inputs {names}")
+    return {name: (float(lo), float(hi)) for name, (lo, hi) in zip(names, ranges)}
 
 
 def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int = 0,
@@ -125,11 +156,13 @@ def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int =
     result = CorpusResult(name)
     model = Model(model_path(entry))
     result.nodes_before = len(model)
-    lo, hi = entry["input_range"]
+    images = [sum(1 for v in values if v.shape is not None and len(v.shape) in (3, 4))
+              for values in (model.graph.inputs, model.graph.outputs)]
+    result.transposes_allowed = max(1, images[0]) + images[1]
     if inputs is not None:
         reference = ReferenceData(model, inputs, source=f"{len(inputs)} given inputs")
     else:
-        reference = ReferenceData.random(model, n=samples, seed=seed, low=lo, high=hi)
+        reference = ReferenceData.random(model, n=samples, seed=seed, ranges=input_ranges(model, entry))
     t0 = time.perf_counter()
     try:
         report = streamline(model, verify=verify, extras=False)
@@ -147,7 +180,14 @@ def check_model(name: str, entry: dict[str, Any], samples: int = 32, seed: int =
     if floats is not None:
         result.float_nodes = [f"{n.op_type} '{n.name}'" for n in floats.nodes]
         result.tail = list(floats.dequantization)
+    if len(model.graph.outputs) > 1:
+        from verify.final import integer_tail
+
+        for out in model.graph.outputs:
+            found = integer_tail(model, out.name)
+            result.tails.append([n.op_type for n in found[1]] if found is not None else ["(no integer tensor)"])
     ops = model.op_histogram()
+    result.ops = dict(ops)
     result.leftovers = [f"{ops[o]} {o}" for o in LEFTOVER_OPS if ops.get(o)]
     result.transposes = ops.get("Transpose", 0)
     try:

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops import make_op, plan
 from custom_ops.executor import Executor, execute
-from custom_ops.float64_ops import average_pool, conv
+from custom_ops.float64_ops import average_pool, conv, conv_transpose, resize
 from finnlite.core.compat import make_model
 from finnlite.core.errors import GraphError, ModelLoadError, OpError
 from tests.qonnx_ref import qonnx_execute, qonnx_model
@@ -407,6 +407,44 @@ def test_float64_average_pool_kernel_matches_onnxruntime(attrs):
     np.testing.assert_allclose(average_pool(node, [x.astype(np.float64)])[0], expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(OpError, match="ceil_mode"):
         average_pool(helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], ceil_mode=1), [x])
+
+
+@pytest.mark.parametrize("attrs,w_shape,x_shape", [
+    (dict(strides=[2, 2]), (3, 4, 2, 2), (1, 3, 4, 5)),
+    (dict(strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]), (3, 2, 3, 3), (2, 3, 4, 4)),
+    (dict(strides=[3, 1], pads=[0, 1, 2, 0], dilations=[1, 2]), (2, 3, 3, 2), (1, 2, 3, 4)),
+    (dict(group=2, strides=[2, 2]), (4, 3, 3, 3), (1, 4, 3, 3)),
+    (dict(strides=[8], pads=[4, 4]), (4, 2, 16), (1, 4, 5)),
+    (dict(strides=[2], pads=[1, 1], dilations=[3]), (2, 2, 4), (1, 2, 6))])
+def test_float64_conv_transpose_kernel_matches_onnxruntime(attrs, w_shape, x_shape):
+    rng = np.random.default_rng(len(w_shape) + x_shape[-1])
+    x, w = rng.standard_normal(x_shape).astype(F32), rng.standard_normal(w_shape).astype(F32)
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], **attrs)
+    model = build([node], {"x": x_shape}, ["y"], {"w": w})
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    got = conv_transpose(node, [x.astype(np.float64), w.astype(np.float64)])[0]
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attrs,scales", [
+    (dict(mode="nearest"), [1, 1, 2, 2]),
+    (dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor"), [1, 1, 3, 1.5]),
+    (dict(mode="nearest", coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_ceil"),
+     [1, 1, 0.5, 2])])
+def test_float64_resize_kernel_matches_onnxruntime(attrs, scales):
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 6)).astype(F32)
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], **attrs)
+    model = build([node], {"x": x.shape}, ["y"], {"s": np.asarray(scales, F32)})
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    got = resize(node, [x.astype(np.float64), None, np.asarray(scales, np.float64)])[0]
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, expected.astype(np.float64))
+    with pytest.raises(OpError, match="linear"):
+        resize(helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear"),
+               [x.astype(np.float64), None, np.asarray(scales, np.float64)])
 
 
 def test_constructor_argument_checks():

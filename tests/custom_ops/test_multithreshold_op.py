@@ -152,3 +152,31 @@ def test_strict_check_of_infinite_thresholds(h):
     op.validate_strict([x, np.array([[-np.inf, -np.inf, 1], [0, np.inf, np.inf]], F32)])
     h.raises_naming_node(lambda: op.validate_strict([x, np.array([[0, 1, 2], [np.inf, 0, 1]], F32)]),
                          "not sorted in row 1", node_name="mt")
+
+
+@pytest.mark.parametrize("shape,axis,channels", [((2, 3, 4, 5), 1, 3), ((2, 4, 5, 3), 3, 3), ((1, 1, 40), 1, 1),
+                                                  ((3, 7), 1, 7), ((2, 6, 5), 1, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_many_steps_search_the_rows_with_the_loops_result(shape, axis, channels, dtype):
+    """From 256 steps on the kernel counts by a binary search per row: the same counts as qonnx's comparisons
+    (ties, NaN inputs, NaN and infinite thresholds, unsorted rows, float32 thresholds against float64 inputs)."""
+    from custom_ops.multithreshold import _SEARCH_STEPS, multithreshold_rows
+
+    rng = np.random.default_rng(shape[-1] + channels)
+    steps = _SEARCH_STEPS + 5
+    t = rng.uniform(-50, 50, (channels, steps)).astype(F32)
+    t[:, :3] = [np.nan, np.inf, -np.inf]
+    x = rng.uniform(-60, 60, shape)
+    flat = x.reshape(-1)
+    flat[: flat.size // 3] = rng.choice(t[np.isfinite(t)], flat.size // 3)  # exact ties
+    if dtype != np.int32:
+        flat[-1] = np.nan
+    x = x.astype(dtype)
+    for scale, bias in ((1.0, 0.0), (-2.0, 5.0)):
+        got = multithreshold(x, t, scale, bias, channel_axis=axis)
+        expected = q_multithreshold(np.moveaxis(x, axis, 1) if axis != 1 else x, t, scale, bias)
+        np.testing.assert_array_equal(got, np.moveaxis(expected, 1, axis) if axis != 1 else expected)
+        assert got.dtype == expected.dtype
+    rows = np.moveaxis(x, axis, 0).reshape(shape[axis], -1).astype(np.float64)
+    if channels == shape[axis]:
+        np.testing.assert_array_equal(multithreshold_rows(rows, t), multithreshold(rows, t, channel_axis=0))

@@ -20,6 +20,8 @@ partitioning). It prints one JSON object, ``{model file stem: result}``, each re
 * ``step_error``: what ``step_create_dataflow_partition`` raises (None when it passes);
 * ``convert_error``: what ``step_convert_to_hw`` raises (the rest is then absent).
 
+With ``--infer-upsample``, FINN's ``InferUpsample`` runs first (see :func:`convert`).
+
 ``python handoff.py build FOLDER... --out DIR`` runs the Python block of the README's section "In a FINN build" as
 it is, in each FOLDER (holding the example's ``model_qonnx.onnx`` and ``input.npy``): FINN's
 ``build_dataflow_cfg`` with ``finnlite.build.step_streamline`` as the custom step, then FINN's steps up to
@@ -156,8 +158,10 @@ def describe(model: Any) -> dict[str, Any]:
     return {"software": software, "hw": dict(sorted(hw.items())), "float_hw": float_hw(model)}
 
 
-def convert(path: Path, out: Path) -> dict[str, Any]:
-    """FINN's ``step_convert_to_hw`` and ``step_create_dataflow_partition`` on ``path`` (module docstring)."""
+def convert(path: Path, out: Path, infer_upsample: bool = False) -> dict[str, Any]:
+    """FINN's ``step_convert_to_hw`` and ``step_create_dataflow_partition`` on ``path`` (module docstring); with
+    ``infer_upsample``, FINN's ``InferUpsample`` first (finn-plus 1.6.1's step runs it only when the model has an
+    ``Upsample`` node, not for ``Resize``)."""
     prepare_finn()
     from finn.analysis.fpgadataflow.unsupported_layers import unsupported_layers
     from finn.builder.build_dataflow_steps import (step_convert_to_hw, step_create_dataflow_partition,
@@ -171,6 +175,10 @@ def convert(path: Path, out: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"model": str(path)}
     try:
         with contextlib.redirect_stdout(sys.stderr):  # FINN prints progress; stdout carries only the JSON
+            if infer_upsample:
+                from finn.transformation.fpgadataflow.convert_to_hw.upsample import InferUpsample
+
+                model = model.transform(InferUpsample())
             model = step_convert_to_hw(model, cfg)
             model = step_minimize_bit_width_initial(model, cfg)
     except Exception as exc:  # noqa: BLE001 - FINN's refusal is the result
@@ -247,11 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", type=Path, nargs="+", help="models (convert) or folders (build)")
     parser.add_argument("--out", type=Path, required=True, help="working directory (FINN's output_dir is a "
                         "folder in it named after the model)")
+    parser.add_argument("--infer-upsample", action="store_true", help="convert: FINN's InferUpsample first")
     args = parser.parse_args(argv)
-    run = convert if args.mode == "convert" else build
     results = {}
     for path in args.models:
-        results[path.stem] = run(path, args.out / path.stem)
+        if args.mode == "convert":
+            results[path.stem] = convert(path, args.out / path.stem, args.infer_upsample)
+        else:
+            results[path.stem] = build(path, args.out / path.stem)
         print(f"handoff: {path.stem} done", file=sys.stderr, flush=True)
     print(json.dumps(results))
     return 0

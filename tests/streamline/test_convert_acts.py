@@ -273,7 +273,7 @@ def test_bit_limit_warns_and_leaves_the_quantizer(caplog):
     assert op_types(model) == ["Quant"]
     assert any("max_threshold_bits=5" in m.reason for m in report.misses)
     assert any("max_threshold_bits" in r.getMessage() for r in caplog.records)
-    assert ConvertQuantActToMultiThreshold().max_threshold_bits == 12
+    assert ConvertQuantActToMultiThreshold().max_threshold_bits == 16
     assert convert_passes(max_threshold_bits=16)[2].max_threshold_bits == 16
 
 

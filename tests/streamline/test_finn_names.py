@@ -16,10 +16,10 @@ for _module in pkgutil.iter_modules(streamline.__path__):  # register every pass
 
 #: FINN/qonnx name -> the finnlite pass doing it
 FINN_NAMES = {
-    "MoveScalarMulPastConv": "MoveMulPastConv", "MoveMulPastDWConv": "MoveMulPastConv",
+    "MoveScalarMulPastConv": "MoveMulPastLinear", "MoveMulPastDWConv": "MoveMulPastLinear",
     "ConvertSubToAdd": "SubToAdd", "ConvertDivToMul": "ConvertDivToMul",
-    "MoveMulPastMaxPool": "MoveLinearPastMaxPool", "MoveAddPastMul": "MoveAddPastMul",
-    "MoveScalarAddPastMatMul": "MoveAddPastMatMul", "MoveScalarMulPastMatMul": "MoveScalarMulPastMatMul",
+    "MoveMulPastMaxPool": "MoveMulPastLinear", "MoveAddPastMul": "MoveAddPastMul",
+    "MoveScalarAddPastMatMul": "MoveAddPastMatMul", "MoveScalarMulPastMatMul": "MoveMulPastLinear",
     "MoveAddPastConv": "MoveAddPastConv", "MoveLinearPastFork": "MoveLinearPastFork",
     "MoveAddPastFork": "MoveLinearPastFork", "MoveMulPastFork": "MoveLinearPastFork",
     "CollapseRepeatedMul": "CollapseRepeatedMul", "CollapseRepeatedAdd": "CollapseRepeatedAdd",
@@ -38,7 +38,8 @@ FINN_NAMES = {
     "FoldConstants": "FoldConstants", "BatchNormToAffine": "BatchNormToAffine", "GemmToMatMul": "GemmToMatMul",
     "ExtractBiasFromConv": "ConvBiasToAdd", "FoldTransposeIntoQuantInit": "FoldTransposeIntoQuantInit",
     "QCDQToQuant": "QCDQToQuant", "MoveLinearPastEltwiseAdd": "MoveLinearPastEltwiseAdd",
-    "MoveScalarLinearPastInvariants": "MoveScalarLinearPastInvariants",
+    "MoveScalarLinearPastInvariants": "MoveLinearPastDataMovement",
+    "InferPixelPaddingDeconv": "LowerConvTransposeToMatMul",
     "GiveUniqueNodeNames": "MakeNodeNamesUnique", "RemoveUnusedNodes": "RemoveDeadNodes",
     "RemoveUnusedTensors": "RemoveDeadNodes", "ConvertToChannelsLastAndClean": "ConvertToNHWC",
     "ConvertQONNXtoFINN": "ConvertQONNXtoFINN", "Streamline": "Streamline",  # the stages, as one pass each

@@ -8,7 +8,8 @@ from onnx import helper
 from streamline.absorb import ABSORB_PASSES
 from streamline.collapse import COLLAPSE_PASSES
 from streamline.layout import ConvertToNHWC
-from streamline.reorder import REORDER_PASSES, MoveLinearPastEltwiseAdd, MoveLinearPastPad
+from streamline.move import MoveLinearPastDataMovement
+from streamline.reorder import REORDER_PASSES, MoveLinearPastEltwiseAdd
 from tests.streamline.rulecheck import apply, compare, graph_model
 
 RNG = np.random.default_rng(7)
@@ -27,7 +28,7 @@ def _pad(fill: float | None, op: str = "Mul", k: float | list = 0.5):
 def test_mul_past_pad_with_nonzero_fill_keeps_the_border():
     for fill in (None, 0.0, 1.5, -2.0):
         proto = _pad(fill)
-        m = apply(proto, [MoveLinearPastPad])
+        m = apply(proto, [MoveLinearPastDataMovement])
         assert [n.op_type for n in m.graph] == ["Pad", "Mul"]
         x = RNG.normal(size=(1, 2, 3, 3))
         compare(proto, m, {"x": x})
@@ -40,11 +41,11 @@ def test_mul_past_pad_with_nonzero_fill_keeps_the_border():
 
 def test_add_past_pad_shifts_the_fill_value_and_per_channel_stays():
     proto = _pad(1.0, "Add", 0.25)
-    m = apply(proto, [MoveLinearPastPad])
+    m = apply(proto, [MoveLinearPastDataMovement])
     assert [n.op_type for n in m.graph] == ["Pad", "Add"]
     compare(proto, m, {"x": RNG.normal(size=(1, 2, 3, 3))})
     proto = _pad(1.0, "Mul", np.array([0.5, 2.0], np.float32).reshape(1, 2, 1, 1))
-    m = apply(proto, [MoveLinearPastPad])
+    m = apply(proto, [MoveLinearPastDataMovement])
     assert [n.op_type for n in m.graph] == ["Mul", "Pad"]  # a per-channel scale cannot pass a scalar fill
 
 

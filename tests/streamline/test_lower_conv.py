@@ -103,14 +103,14 @@ def test_auto_pad_same_upper():
     assert "Conv" not in op_types(model)
 
 
-def test_grouped_conv_is_a_miss_unless_dense_grouped():
+def test_grouped_conv_is_lowered_dense_unless_told_not():
     model, _ = conv_model(4, 6, (5, 5), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2)
     inputs = _random_input(model)
-    rule = LowerConvsToMatMul()
+    rule = LowerConvsToMatMul(dense_grouped=False)
     assert not rule.apply(model)
     assert any("grouped convolution" in m.reason for m in rule.misses)
     assert "Conv" in op_types(model)
-    before, after, _ = run_passes(model, [LowerConvsToMatMul(dense_grouped=True)], inputs)
+    before, after, _ = run_passes(model, [LowerConvsToMatMul], inputs)
     assert_exact(before, after)
     assert "Conv" not in op_types(model)
 

@@ -11,11 +11,11 @@ from finnlite.core.compat import QONNX_DOMAIN
 from streamline.datatypes import InferDataTypes
 from streamline.pool_sign import AbsorbChannelSignIntoMultiThreshold
 from streamline.real_thresholds import RealThresholds, set_real_thresholds
-from streamline.reorder import MoveLinearPastMaxPool
+from streamline.move import MoveMulPastLinear
 from tests.streamline.rulecheck import compare, graph_model
 
 C, N = 4, 15
-PASSES = [InferDataTypes, AbsorbChannelSignIntoMultiThreshold, MoveLinearPastMaxPool, InferDataTypes]
+PASSES = [InferDataTypes, AbsorbChannelSignIntoMultiThreshold, MoveMulPastLinear, InferDataTypes]
 
 
 def _net(rng, a, out_bias: float, rows: int, out_scale: float = 1.0):

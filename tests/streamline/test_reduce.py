@@ -11,7 +11,8 @@ from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
 from streamline.collapse import COLLAPSE_PASSES
 from streamline.datatypes import InferDataTypes
 from streamline.real_thresholds import quant_real_thresholds
-from streamline.reduce import REDUCE_PASSES, GlobalAverageToReduceSum, MoveLinearPastReduce
+from streamline.move import MoveAddPastAveraging, MoveMulPastLinear
+from streamline.reduce import REDUCE_PASSES, GlobalAverageToReduceSum
 from streamline.reorder import REORDER_PASSES
 from tests.streamline.convert_helpers import init, quant_node
 from tests.streamline.convert_helpers import graph_model as qgraph_model
@@ -60,14 +61,14 @@ def test_per_channel_add_passes_a_sum_times_n_and_a_mean_unchanged():
                  helper.make_node(op, ["xb", "axes"], ["y"], keepdims=1, name="red")]
         proto = graph_model(nodes, {"x": [2, c, 3, 5]}, {"y": [2, c, 1, 1]},
                             {"b": b, "axes": np.array([2, 3], np.int64)})
-        m = apply(proto, [MoveLinearPastReduce])
+        m = apply(proto, [MoveMulPastLinear, MoveAddPastAveraging])
         assert [n.op_type for n in m.graph] == [op, "Add"]
         compare(proto, m, {"x": RNG.normal(size=(2, c, 3, 5))}, rtol=1e-5)
     nodes = [helper.make_node("Mul", ["x", "w"], ["xw"], name="scale"),
              helper.make_node("ReduceSum", ["xw", "axes"], ["y"], keepdims=1, name="red")]
     proto = graph_model(nodes, {"x": [2, c, 3, 5]}, {"y": [2, c, 1, 1]},
                         {"w": RNG.normal(size=(1, 1, 1, 5)).astype(np.float32), "axes": np.array([2, 3], np.int64)})
-    rule, m = MoveLinearPastReduce(), Model(proto)
+    rule, m = MoveMulPastLinear(), Model(proto)
     m.infer_shapes()
     assert not rule.apply(m)
     assert [x.reason for x in rule.misses] == ["the Mul's constant varies along a reduced axis"]

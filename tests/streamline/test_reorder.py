@@ -9,8 +9,8 @@ from onnx import helper
 
 from streamline.absorb import ABSORB_PASSES
 from streamline.collapse import COLLAPSE_PASSES
-from streamline.reorder import (REORDER_PASSES, MoveAddPastConv, MoveLinearPastEltwiseAdd, MoveLinearPastMaxPool,
-                                MoveMulPastConv)
+from streamline.move import MoveMulPastLinear
+from streamline.reorder import REORDER_PASSES, MoveAddPastConv, MoveLinearPastEltwiseAdd
 from tests.streamline.rulecheck import apply, compare, graph_model
 
 RNG = np.random.default_rng(1)
@@ -52,7 +52,7 @@ def test_mul_past_padded_conv_and_depthwise_per_channel():
              "Wd": RNG.integers(-3, 4, (c, 1, 3, 3)).astype(np.float32), "s": np.float32(0.5),
              "W": RNG.integers(-3, 4, (6, c, 3, 3)).astype(np.float32)}
     proto = graph_model(nodes, {"x": [2, c, 6, 6]}, {"y": [2, 6, 3, 3]}, inits)
-    m = apply(proto, [MoveMulPastConv] + COLLAPSE_PASSES)
+    m = apply(proto, [MoveMulPastLinear] + COLLAPSE_PASSES)
     # the per-channel scale passes the depthwise Conv and stops at the dense one; the scalar passes both
     assert [n.op_type for n in m.graph] == ["Conv", "Mul", "Conv", "Mul"]
     compare(proto, m, {"x": _ints((2, c, 6, 6))})
@@ -77,7 +77,7 @@ def test_maxpool_non_negative_only():
         nodes = [helper.make_node("Mul", ["x", "a"], ["xa"], name="mul"),
                  helper.make_node("MaxPool", ["xa"], ["y"], kernel_shape=[2, 2], strides=[2, 2], name="pool")]
         proto = graph_model(nodes, {"x": [1, 2, 4, 4]}, {"y": [1, 2, 2, 2]}, {"a": a})
-        m = apply(proto, [MoveLinearPastMaxPool])
+        m = apply(proto, [MoveMulPastLinear])
         assert ([n.op_type for n in m.graph] == ["MaxPool", "Mul"]) == moved
         compare(proto, m, {"x": RNG.normal(size=(1, 2, 4, 4))})
 
@@ -140,7 +140,7 @@ def test_add_past_conv_sums_the_weights_exactly():
 def test_concat_of_equally_scaled_branches_gives_a_scalar_that_passes_a_conv():
     """One quantizer shared by both inputs of a Concat: the factor after the Concat is equal on every channel, so
     it stays a scalar and moves on past the next (non-depthwise) Conv; unequal factors stay per-channel there."""
-    from streamline.reorder import MoveLinearPastConcat, MoveMulPastConv
+    from streamline.move import MoveLinearPastDataMovement
 
     w = RNG.integers(-3, 4, size=(2, 5, 3, 3)).astype(np.float32)
     for b, expected in ((0.375, ["Concat", "Conv", "Mul"]), (0.25, ["Concat", "Mul", "Conv"])):
@@ -150,6 +150,6 @@ def test_concat_of_equally_scaled_branches_gives_a_scalar_that_passes_a_conv():
                  helper.make_node("Conv", ["c", "W"], ["y"], pads=[1, 1, 1, 1], name="conv")]
         proto = graph_model(nodes, {"x1": [1, 2, 4, 4], "x2": [1, 3, 4, 4]}, {"y": [1, 2, 4, 4]},
                             {"a": np.float32(0.375), "b": np.full((1, 3, 1, 1), b, np.float32), "W": w})
-        m = apply(proto, [MoveLinearPastConcat, MoveMulPastConv])
+        m = apply(proto, [MoveLinearPastDataMovement, MoveMulPastLinear])
         assert [n.op_type for n in m.graph] == expected
         compare(proto, m, {"x1": _ints((1, 2, 4, 4)), "x2": _ints((1, 3, 4, 4))})

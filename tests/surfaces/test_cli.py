@@ -241,7 +241,7 @@ def test_passes_lists_stages_and_passes(bad_config: Path, cli) -> None:
     assert lines[0].startswith("stage tidy: ") and any(line.startswith("stage streamline (fixpoint): ")
                                                        for line in lines)
     assert any("InferDataTypes" in line and "finalize" not in line.split()[0] for line in lines[7:])
-    assert "  MoveScalarMulPastConv -> MoveMulPastConv" in lines and "  ConvertSubToAdd -> SubToAdd" in lines
+    assert "  MoveScalarMulPastConv -> MoveMulPastLinear" in lines and "  ConvertSubToAdd -> SubToAdd" in lines
     res = cli(["passes", "--config", bad_config])
     assert [line for line in res.stdout.splitlines() if line.startswith("stage finalize")][0].endswith(
         "ShiftThresholds")
