@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.core.graphutil import add_constant, annotate, is_standard_domain
+from finnlite.core.graphutil import add_constant, annotate, is_standard_domain, reorder_channels
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from streamline.algebra import data_inputs, element_map_of, mixing, movement, static_shape
@@ -177,6 +177,7 @@ class MoveChannelGatherPastChannelwise(Rule):
                               model.get_tensor_datatype(old.name) if model.has_tensor_datatype(old.name) else None)
             node.replace_input_with(1, wv)
             model.drop_if_unused(old)
+            reorder_channels(node, np.argsort(idx))  # the final check compares the kernels channel by channel
         y = node.outputs[0]
         out = model.make_value_like(y)
         model.replace_uses(y, out)

@@ -18,7 +18,7 @@ import onnx_ir as ir
 from custom_ops.im2col import conv_output_dim
 from custom_ops.registry import QONNX_DOMAIN
 from finnlite.core.datatypes import is_integer_type
-from finnlite.core.graphutil import add_constant, is_standard_domain, take_over
+from finnlite.core.graphutil import add_constant, channel_order, is_standard_domain, set_channel_order, take_over
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from finnlite.core.tensors import DepthwiseWeight, depthwise_matrix
@@ -185,7 +185,9 @@ class LowerConvsToMatMul(Rule):
             set_tensor_sparsity(w_val, {"dw": {"kernel_shape": [kh, kw]}})
         out_dt = model.get_tensor_datatype(y.name) if model.has_tensor_datatype(y.name) else None
         mm_out = new_value(model, f"{name}_out_nhwc", (n, oh, ow, cout), out_dt, NHWC)
-        nodes.append(ir.Node("", "MatMul", [mm_in, w_val], outputs=[mm_out], name=f"{name}_matmul"))
+        matmul = ir.Node("", "MatMul", [mm_in, w_val], outputs=[mm_out], name=f"{name}_matmul")
+        set_channel_order(matmul, channel_order(node))  # a depthwise layer's kernels reordered by a channel shuffle
+        nodes.append(matmul)
         y_new = new_value(model, f"{name}_out", (n, cout, oh, ow), out_dt, NCHW)
         nodes.append(ir.Node("", "Transpose", [mm_out], attributes=[ir.AttrInt64s("perm", list(TO_NCHW))],
                              outputs=[y_new], name=f"{name}_transpose_out"))

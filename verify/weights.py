@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from finnlite.core.graphutil import channel_order
 from finnlite.core.model import Model
 from finnlite.core.shapes import const_array
 from finnlite.core.tensors import DepthwiseWeight
@@ -148,7 +149,11 @@ def _depthwise(node: Any, t: DepthwiseWeight, original: Model, layer: Any) -> tu
     if w is None or w.shape != (c, 1, kh, kw) or group != c:
         return False, None
     ws = np.asarray(t.kernel, np.float32).reshape(c, -1).T  # [kh·kw, C]: one column per channel
-    problem = _proportional(ws, w.reshape(c, -1).T)
+    wo = w.reshape(c, -1).T
+    order = channel_order(node)  # channel j is the original's channel order[j] (a channel shuffle moved past it)
+    if order is not None:
+        wo = wo[:, order]
+    problem = _proportional(ws, wo)
     if problem is None:
         return True, None
     return True, WeightIssue(node_label(node), node.inputs[1].name, node_label(layer), f"depthwise kernel: {problem}")
