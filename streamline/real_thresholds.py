@@ -248,28 +248,32 @@ class RealThresholds:
             raise ValueError("an integer threshold exceeds 2^24 and is not exact in float32")
         return out.astype(np.float32)
 
-    def float_thresholds(self) -> np.ndarray:
-        """float32 thresholds for a float32 input: the least float32 ``x`` with ``x ≥ R`` (``x > R`` if strict)."""
+    def float_thresholds(self, dtype: Any = np.float32) -> np.ndarray:
+        """Thresholds for a float input of ``dtype`` (float32, or float64 for a float64 execution of what the node
+        means): the least ``x`` of that type with ``x ≥ R`` (``x > R`` if strict), so that ``x ≥ T ⇔ x ≥ R`` (``>``)
+        for every ``x`` of the type."""
+        ftype = np.dtype(dtype).type
         v, err, full = self._approx()
         with np.errstate(over="ignore", invalid="ignore"):
-            f = v.astype(np.float32)
-            f = np.where(f.astype(np.float64) < v, np.nextafter(f, np.float32(np.inf)), f)
-            below = np.nextafter(f, np.float32(-np.inf))
+            f = v.astype(ftype)
+            f = np.where(f.astype(np.float64) < v, np.nextafter(f, ftype(np.inf)), f)
+            below = np.nextafter(f, ftype(-np.inf))
             f64, b64 = f.astype(np.float64), below.astype(np.float64)
-            # f is the least float32 >= v; decide ≥/> and the rounding of v only where v is within err of f or below
+            # f is the least value >= v; decide ≥/> and the rounding of v only where v is within err of f or below
             unsure = np.isfinite(v) & ((np.abs(f64 - v) <= err) | (np.abs(v - b64) <= err))
-            out = np.where(full.strict & (f64 == v), np.nextafter(f, np.float32(np.inf)), f)
+            out = np.where(full.strict & (f64 == v), np.nextafter(f, ftype(np.inf)), f)
         for c, m in zip(*np.nonzero(unsure)):
-            out[c, m] = _least_float32(self._exact(full, c, m), bool(full.strict[c, m]))
-        return out.astype(np.float32)
+            out[c, m] = _least_float(self._exact(full, c, m), bool(full.strict[c, m]), ftype)
+        return out.astype(ftype)
 
 
-def _least_float32(r: Fraction, strict: bool) -> np.float32:
-    f = np.float32(float(r))
+def _least_float(r: Fraction, strict: bool, ftype: Any = np.float32) -> Any:
+    """The least value of the float type ``ftype`` that is ``≥ r`` (``> r`` if strict), found exactly."""
+    f = ftype(float(r))
     while not (Fraction(float(f)) > r or (Fraction(float(f)) == r and not strict)):
-        f = np.nextafter(f, np.float32(np.inf), dtype=np.float32)
+        f = np.nextafter(f, ftype(np.inf), dtype=ftype)
     while True:
-        below = np.nextafter(f, np.float32(-np.inf), dtype=np.float32)
+        below = np.nextafter(f, ftype(-np.inf), dtype=ftype)
         fb = Fraction(float(below)) if np.isfinite(below) else None
         if fb is not None and (fb > r or (fb == r and not strict)):
             f = below
