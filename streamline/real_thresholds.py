@@ -64,6 +64,10 @@ def _exact_base(real: Any) -> np.ndarray:
     return out
 
 
+class ThresholdPrecisionError(ValueError):
+    """An integer threshold that float32, the type FINN stores thresholds in, cannot hold exactly."""
+
+
 class RealThresholds:
     """Exact thresholds ``(base − β) / α`` (module docstring) with per-threshold strictness."""
 
@@ -233,7 +237,13 @@ class RealThresholds:
 
     def integer_thresholds(self, lo: float | None = None, hi: float | None = None) -> np.ndarray:
         """float32 thresholds for an integer input: ``⌈R⌉`` (non-strict) or ``⌊R⌋ + 1`` (strict), clipped to
-        ``[lo, hi + 1]`` when the input's range is known (a threshold beyond it is never or always passed)."""
+        ``[lo, hi + 1]`` when the input's range is known (a threshold beyond it is never or always passed).
+
+        Exact for accumulators up to 2^31 and beyond: the ceilings come from float64 with a rigorous error bound and
+        from Fractions where the bound does not decide. An integer threshold that float32 cannot hold (beyond 2^24,
+        not a multiple of its float32 spacing) raises :class:`ThresholdPrecisionError`: rounding it would move the
+        threshold for an exact integer accumulator (FINN's hardware), and FINN takes thresholds only as float32
+        tensors."""
         v, err, full = self._approx()
         with np.errstate(invalid="ignore"):
             out = np.where(full.strict, np.floor(v) + 1, np.ceil(v))
@@ -243,9 +253,13 @@ class RealThresholds:
             out[c, m] = math.floor(r) + 1 if full.strict[c, m] else math.ceil(r)
         if lo is not None and hi is not None:
             out = np.clip(out, lo, hi + 1)
-        finite = out[np.isfinite(out)]
-        if finite.size and np.abs(finite).max() > 2**24:
-            raise ValueError("an integer threshold exceeds 2^24 and is not exact in float32")
+        with np.errstate(over="ignore", invalid="ignore"):
+            held = np.isinf(out) | (out.astype(np.float32).astype(np.float64) == out)
+        if not held.all():
+            c, m = (int(i) for i in np.argwhere(~held)[0])
+            raise ThresholdPrecisionError(
+                f"integer threshold {out[c, m]:.0f} (channel {c}, step {m + 1}) is not a float32 number: "
+                f"{int((~held).sum())} threshold(s) need more than float32's 24 bits")
         return out.astype(np.float32)
 
     def float_thresholds(self, dtype: Any = np.float32) -> np.ndarray:
