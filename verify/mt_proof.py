@@ -84,14 +84,22 @@ def _old_thresholds(old: Any, stored: np.ndarray) -> np.ndarray:
     carries its real thresholds ``R`` (:mod:`streamline.real_thresholds`) and stores the least float32 ``T ≥ R``:
     ``x ≥ T`` decides ``x ≥ R`` for every float32 ``x``, but the fit maps an integer to a float64 value, which can
     lie between ``R`` and ``T`` (an accumulator near 2^19 times a scale: a float32 step there is 2^-8). Where the
-    stored thresholds are that float32 form of the real ones, the least float64 ``T ≥ R`` (``> R`` where strict)
-    is returned, which decides ``x ≥ R`` for every float64 ``x``; else the stored thresholds."""
+    stored thresholds are that float32 form of the real ones (or, as conversion makes them bit-exact with the
+    float32 quantizer, within two float32 steps of it), the least float64 ``T ≥ R`` (``> R`` where strict) is
+    returned, which decides ``x ≥ R`` for every float64 ``x``: what the pass must keep is the real-number meaning,
+    which is what the rewritten node is made from. Else (no real thresholds, or others) the stored thresholds."""
     rt = get_real_thresholds(old)
     if rt is None or rt.shape[1] != stored.shape[1] or rt.shape[0] not in (1, stored.shape[0]):
         return stored
     try:
-        t32 = rt.float_thresholds(np.float32)
-        if not np.array_equal(np.broadcast_to(t32, stored.shape), stored):
+        t32 = np.broadcast_to(rt.float_thresholds(np.float32), stored.shape)
+        s32 = np.asarray(stored, np.float32)
+        # the stored form of R: the least float32 >= R, or (made by conversion, bit-exact with the float32 quantizer,
+        # which rounds x/s) a float32 value within two float32 steps of it
+        with np.errstate(invalid="ignore"):
+            gap = np.abs(s32.astype(np.float64) - t32) <= 2 * np.spacing(np.abs(t32)).astype(np.float64)
+        near = (s32 == t32) | gap
+        if not near.all():
             return stored
         return np.broadcast_to(rt.float_thresholds(np.float64), stored.shape)
     except (ValueError, OverflowError, ZeroDivisionError):
