@@ -34,7 +34,7 @@ from verify.compare import TensorDiff, compare_tensor, is_integer_tensor, quant_
 from verify.reference import ReferenceData
 from verify.region import (Change, Fingerprints, Snapshot, ancestors, constant_tensors, descendants, find_change, hull,
                            node_label, node_signature, run_nodes, topo_order)
-from verify.real64 import real64_version, values64
+from verify.real64 import Real64
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, QUANTIZER_OPS, NearTie, split_near_ties
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class Verifier:
         self.fps = Fingerprints()
         self.values = self._full_values(model, initial=True)
         #: per check: the float64 versions of the model before and after the pass, and their values by sample
-        self._sides: dict[str, tuple[Model, dict[int, dict[str, np.ndarray]]]] = {}
+        self._sides: dict[str, tuple[Real64, dict[int, dict[str, np.ndarray | None]]]] = {}
         self.snapshot = Snapshot.take(model, self.fps, copy=not private)
 
     # -- cache -------------------------------------------------------------------------------------------------
@@ -168,12 +168,12 @@ class Verifier:
         sample ``sample_index`` in float64 execution of what the version means (:mod:`verify.real64`); None if it
         cannot be computed."""
         if side not in self._sides:
-            self._sides[side] = (real64_version(model), {})
+            self._sides[side] = (Real64(model), {})
         version, by_sample = self._sides[side]
         values = by_sample.setdefault(sample_index, {})
         if name not in values:
             try:
-                values.update(values64(version, self.reference.sample(self.sample_ids[sample_index]), [name]))
+                values.update(version.values(self.reference.sample(self.sample_ids[sample_index]), [name]))
             except Exception as exc:  # noqa: BLE001 - without float64 evidence no near-tie is accepted
                 log.warning("no float64 run of the %s side for near-tie classification: %s", side, exc)
                 values[name] = None
