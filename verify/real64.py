@@ -18,7 +18,8 @@ run.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Mapping
+from collections import ChainMap
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -79,29 +80,41 @@ class Real64:
                 t64 = np.broadcast_to(t64, (max(rows, t64.shape[0]), t64.shape[1])).copy()
             node.replace_input_with(1, copy.add_initializer(t64, prefix=f"{node.name}_thr64"))
 
-    def _needed(self, names: Iterable[str]) -> list[Any]:
-        """The nodes of the copy that ``names`` depend on, in topological order."""
-        todo = [self.copy.find_producer(n) for n in names]
+    def _needed(self, names: Iterable[str], known: Mapping[str, Any]) -> list[Any]:
+        """The nodes of the copy that ``names`` depend on and whose outputs are not all ``known``, in topological
+        order."""
+        todo = [self.copy.find_producer(n) for n in names if n not in known]
         seen: dict[int, Any] = {}
         while todo:
             node = todo.pop()
-            if node is None or id(node) in seen:
+            if node is None or id(node) in seen or all(o.name in known for o in node.outputs):
                 continue
             seen[id(node)] = node
             todo.extend(v.producer() for v in node.inputs if v is not None and v.producer() is not None)
         return topo_order(list(seen.values()))
 
-    def values(self, inputs: Mapping[str, np.ndarray], names: Iterable[str]) -> dict[str, np.ndarray]:
+    def values(self, inputs: Mapping[str, np.ndarray], names: Iterable[str],
+               known: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The float64 values of tensors ``names`` of the copy on one sample's graph ``inputs`` (names the copy
-        does not have are left out)."""
+        does not have are left out). ``known``: the float64 values computed before on the same sample (from this
+        copy), read instead of computed again; everything computed now is added to it."""
+        known = {} if known is None else known
+        return self.values_of([inputs], names, [known])[0]
+
+    def values_of(self, samples: Sequence[Mapping[str, np.ndarray]], names: Iterable[str],
+                  known: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """:meth:`values` for several samples at once (one executor); ``known[i]`` (one dict per sample, holding
+        the same tensors for every sample) is read and extended."""
         names = [n for n in names if self.copy.value(n) is not None]
-        nodes = self._needed(names)
-        if not nodes:
-            return {}
-        for node in nodes:
-            self._convert(node)
-        if self._constants is None:
-            self._constants = constant_tensors(self.copy)
-        feeds = {k: np.asarray(v) for k, v in inputs.items()}
-        result = run_nodes(self.copy, nodes, [feeds], set(), self._constants, np.float64)[0]
-        return {k: np.asarray(result[k]) for k in names if k in result}
+        nodes = self._needed(names, known[0])
+        if nodes:
+            for node in nodes:
+                self._convert(node)
+            if self._constants is None:
+                self._constants = constant_tensors(self.copy)
+            feeds = [ChainMap({k: np.asarray(v) for k, v in x.items()}, k) for x, k in zip(samples, known)]
+            results = run_nodes(self.copy, nodes, feeds, set(), self._constants, np.float64)
+            for k, result in zip(known, results):
+                # arrays only: an Im2Col's windows stay a recomputation (verify.cache), made again if read
+                k.update({name: v for name, v in dict.items(result) if isinstance(v, np.ndarray)})
+        return [{n: k[n] for n in names if n in k} for k in known]

@@ -141,8 +141,9 @@ class Verifier:
         self.near_tie_rtol = near_tie_rtol
         self.fps = Fingerprints()
         self.values = self._full_values(model, initial=True)
-        #: per check: the float64 versions of the model before and after the pass, and their values by sample
-        self._sides: dict[str, tuple[Real64, dict[int, dict[str, np.ndarray | None]]]] = {}
+        #: per check: the float64 versions of the model before and after the pass, and their values by sample (the
+        #: version after, once accepted, is kept as "next": the next check's version before)
+        self._sides: dict[str, tuple[Real64, dict[int, dict[str, np.ndarray]]]] = {}
         self.snapshot = Snapshot.take(model, self.fps, copy=not private)
 
     # -- cache -------------------------------------------------------------------------------------------------
@@ -170,14 +171,16 @@ class Verifier:
         if side not in self._sides:
             self._sides[side] = (Real64(model), {})
         version, by_sample = self._sides[side]
-        values = by_sample.setdefault(sample_index, {})
-        if name not in values:
-            try:
-                values.update(version.values(self.reference.sample(self.sample_ids[sample_index]), [name]))
+        if not by_sample:
+            by_sample.update({i: {} for i in range(len(self.sample_ids))})
+        if name not in by_sample[sample_index]:
+            try:  # for every probe sample at once (one executor): the other samples ask next
+                version.values_of([self.reference.sample(i) for i in self.sample_ids], [name],
+                                  [by_sample[i] for i in range(len(self.sample_ids))])
             except Exception as exc:  # noqa: BLE001 - without float64 evidence no near-tie is accepted
                 log.warning("no float64 run of the %s side for near-tie classification: %s", side, exc)
-                values[name] = None
-        return values.get(name)
+                return None
+        return by_sample[sample_index].get(name)
 
     def _sides64(self, model: Model, sample_index: int, name: str, perm: tuple[int, ...] | None
                  ) -> Callable[[], tuple[np.ndarray | None, np.ndarray | None]]:
@@ -205,7 +208,8 @@ class Verifier:
         This repeats until the differing tensors stay inside the region (the values re-converge: a change of
         encoding, as an XNOR rewrite makes) or a graph output differs (a failure)."""
         self.fps.new_generation()
-        self._sides = {}
+        # the float64 runs of the version checked last, if it was accepted, serve as this check's "before" side
+        self._sides = {"before": self._sides.pop("next")} if "next" in self._sides else {}
         if isinstance(policy, Metric):
             return self._check_metric(model, policy)
         change = find_change(self.snapshot, model, self.fps, self.values[0].keys())
@@ -487,6 +491,8 @@ class Verifier:
                 for name, perm in outcome.layouts.items():  # keep the old values, in the new layout
                     if name in outcome.keep:
                         vals[name] = np.ascontiguousarray(np.transpose(vals[name], np.argsort(perm)))
+        after = self._sides.get("after")
+        self._sides = {"next": after} if after is not None else {}  # the next check's version before (see check)
         signatures = outcome.change.signatures if outcome.change is not None and outcome.change.signatures else None
         self.snapshot = Snapshot.take(model, self.fps, signatures, copy=not private)
         self.fps.retain(self.snapshot.model)
