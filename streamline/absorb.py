@@ -158,6 +158,8 @@ class LinearIntoThresholds:
     const_index: int
     vec: np.ndarray
     axis: int
+    #: the MultiThreshold's real thresholds with the constant absorbed (worked out by the match's conditions)
+    rt: RealThresholds | None = None
 
 
 @register_pass(group="absorb")
@@ -181,13 +183,14 @@ class AbsorbAddIntoMultiThreshold(Rule):
         axis, vec = absorb_channel_vector(model, node, exact_value(add, c[1]))
         if vec is None:
             return self.miss(node, "the Add's constant varies along a non-channel axis")
-        miss = threshold_miss(self, model, node, real_thresholds_of(model, node).shifted(vec), add.inputs[1 - c[0]])
-        return miss or LinearIntoThresholds(node, add, c[0], vec, axis)
+        rt = real_thresholds_of(model, node).shifted(vec)
+        miss = threshold_miss(self, model, node, rt, add.inputs[1 - c[0]])
+        return miss or LinearIntoThresholds(node, add, c[0], vec, axis, rt)
 
     def rewrite(self, model: "Model", match: LinearIntoThresholds) -> None:
         node, add, vec = match.node, match.lin, match.vec
         set_channel_axis(node, match.axis)
-        rt = real_thresholds_of(model, node).shifted(vec)
+        rt = match.rt if match.rt is not None else real_thresholds_of(model, node).shifted(vec)
         node.replace_input_with(0, add.inputs[1 - match.const_index])
         model.remove_node(add)
         _set(model, node, rt)
@@ -218,21 +221,22 @@ class AbsorbMulIntoMultiThreshold(Rule):
             return self.miss(node, "the Mul's constant varies along a non-channel axis")
         if len(vec) > 1 and any(v < 0 for v in vec):
             return self.miss(node, "per-channel factors with negative values (needs their sign in the weights)")
-        miss = threshold_miss(self, model, node, _mul_absorbed(real_thresholds_of(model, node), vec),
-                              mul.inputs[1 - c[0]])
-        return miss or LinearIntoThresholds(node, mul, c[0], vec, axis)
+        rt = _mul_absorbed(real_thresholds_of(model, node), vec)
+        miss = threshold_miss(self, model, node, rt, mul.inputs[1 - c[0]])
+        return miss or LinearIntoThresholds(node, mul, c[0], vec, axis, rt)
 
     def rewrite(self, model: "Model", match: LinearIntoThresholds) -> None:
         node, mul, vec = match.node, match.lin, match.vec
         set_channel_axis(node, match.axis)
         rt = real_thresholds_of(model, node)
+        absorbed = match.rt if match.rt is not None else _mul_absorbed(rt, vec)
         if len(vec) == 1 and vec[0] < 0:
             n = rt.shape[1]
             scale = float(node.attributes["out_scale"].value) if "out_scale" in node.attributes else 1.0
             bias = float(node.attributes["out_bias"].value) if "out_bias" in node.attributes else 0.0
             node.attributes["out_scale"] = ir.AttrFloat32("out_scale", -scale)
             node.attributes["out_bias"] = ir.AttrFloat32("out_bias", bias + scale * n)
-        rt = _mul_absorbed(rt, vec)
+        rt = absorbed
         node.replace_input_with(0, mul.inputs[1 - match.const_index])
         model.remove_node(mul)
         _set(model, node, rt)

@@ -265,8 +265,11 @@ class RealThresholds:
     def float_thresholds(self, dtype: Any = np.float32) -> np.ndarray:
         """Thresholds for a float input of ``dtype`` (float32, or float64 for a float64 execution of what the node
         means): the least ``x`` of that type with ``x ≥ R`` (``x > R`` if strict), so that ``x ≥ T ⇔ x ≥ R`` (``>``)
-        for every ``x`` of the type."""
+        for every ``x`` of the type. (Cached: the object does not change.)"""
         ftype = np.dtype(dtype).type
+        cache = self.__dict__.setdefault("_float_cache", {})
+        if ftype in cache:
+            return cache[ftype].copy()
         v, err, full = self._approx()
         with np.errstate(over="ignore", invalid="ignore"):
             f = v.astype(ftype)
@@ -276,20 +279,81 @@ class RealThresholds:
             # f is the least value >= v; decide ≥/> and the rounding of v only where v is within err of f or below
             unsure = np.isfinite(v) & ((np.abs(f64 - v) <= err) | (np.abs(v - b64) <= err))
             out = np.where(full.strict & (f64 == v), np.nextafter(f, ftype(np.inf)), f)
-        for c, m in zip(*np.nonzero(unsure)):
-            out[c, m] = _least_float(self._exact(full, c, m), bool(full.strict[c, m]), ftype)
-        return out.astype(ftype)
+        if unsure.any():
+            ratios = full._ratios()
+            for c, m in zip(*np.nonzero(unsure)):
+                n, d = _ratio_of(full.base[c, m], ratios[c])
+                out[c, m] = _least_float(n, d, bool(full.strict[c, m]), ftype)
+        cache[ftype] = out.astype(ftype)
+        return cache[ftype].copy()
+
+    def count_passed(self, x: np.ndarray) -> np.ndarray:
+        """Per element of ``x`` (float64, shape ``[C, M]``: one row per channel), the number of thresholds it
+        passes, ``#{k : x ≥ R[c, k]}`` (``>`` where strict), exactly: decided in float64 where ``x`` is farther from
+        ``R`` than the float64 estimate's error bound, and by integer arithmetic where it is not."""
+        x = np.asarray(x, np.float64)
+        v, err, full = self._approx()
+        if v.shape[0] == 1 and x.shape[0] != 1:
+            v, err, full = (np.broadcast_to(v, (x.shape[0], v.shape[1])), np.broadcast_to(err, (x.shape[0],
+                            v.shape[1])), full.broadcast_channels(x.shape[0]))
+        counts = np.zeros(x.shape, np.int64)
+        ratios = None
+        for k in range(v.shape[1]):
+            vk, ek, sk = v[:, k:k + 1], err[:, k:k + 1], full.strict[:, k:k + 1]
+            with np.errstate(invalid="ignore"):
+                passed = np.where(sk, x > vk, x >= vk)
+                near = np.isfinite(vk) & np.isfinite(x) & (np.abs(x - vk) <= ek)
+            for c, j in zip(*np.nonzero(near)):  # x within the estimate's error of R: decide exactly
+                ratios = ratios if ratios is not None else full._ratios()
+                n, d = _ratio_of(full.base[c, k], ratios[c])
+                xn, xd = float(x[c, j]).as_integer_ratio()
+                lhs, rhs = xn * d, n * xd
+                passed[c, j] = lhs > rhs or (lhs == rhs and not full.strict[c, k])
+            counts += passed
+        return counts
+
+    def _ratios(self) -> list[tuple[int, int, int, int]]:
+        """Per row, α = p/q and β = r/t as integers ``(p, q, r, t)``."""
+        return [(a.numerator, a.denominator, b.numerator, b.denominator) for a, b in zip(self.alpha, self.beta)]
 
 
-def _least_float(r: Fraction, strict: bool, ftype: Any = np.float32) -> Any:
-    """The least value of the float type ``ftype`` that is ``≥ r`` (``> r`` if strict), found exactly."""
-    f = ftype(float(r))
-    while not (Fraction(float(f)) > r or (Fraction(float(f)) == r and not strict)):
+def _ratio_of(base: float, ratio: tuple[int, int, int, int]) -> tuple[int, int]:
+    """``R = (base − β)/α`` as ``N/D`` with integers, ``D > 0`` (α = p/q, β = r/t): ``(bn·t − r·bd)·q / (bd·t·p)``."""
+    p, q, r, t = ratio
+    bn, bd = float(base).as_integer_ratio()
+    return (bn * t - r * bd) * q, bd * t * p
+
+
+def _least_float(n: int, d: int, strict: bool, ftype: Any = np.float32) -> Any:
+    """The least value of the float type ``ftype`` that is ``≥ n/d`` (``> n/d`` if strict; ``d > 0``), found
+    exactly: Python's integer division rounds correctly, and each candidate is compared by cross-multiplying."""
+    def passes(f: Any) -> bool:
+        fn, fd = float(f).as_integer_ratio()
+        lhs, rhs = fn * d, n * fd
+        return lhs > rhs or (lhs == rhs and not strict)
+
+    if ftype is np.float64:  # Python floats: the same values, without numpy's per-scalar overhead
+        try:
+            g = n / d
+        except OverflowError:
+            g = math.inf if n > 0 else -math.inf
+        while math.isfinite(g) and not passes(g):
+            g = math.nextafter(g, math.inf)
+        while math.isfinite(g):
+            below = math.nextafter(g, -math.inf)
+            if not (math.isfinite(below) and passes(below)):
+                break
+            g = below
+        return np.float64(g)
+    try:
+        f = ftype(n / d)
+    except OverflowError:
+        f = ftype(np.inf if n > 0 else -np.inf)
+    while np.isfinite(f) and not passes(f):
         f = np.nextafter(f, ftype(np.inf), dtype=ftype)
     while True:
         below = np.nextafter(f, ftype(-np.inf), dtype=ftype)
-        fb = Fraction(float(below)) if np.isfinite(below) else None
-        if fb is not None and (fb > r or (fb == r and not strict)):
+        if np.isfinite(below) and passes(below):
             f = below
         else:
             return f

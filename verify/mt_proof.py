@@ -24,7 +24,7 @@ and ``a·x + b`` is exact in float64 on the range (all terms multiples of ``2^g`
 integer bias is absorbed (``z = x + b``, ``T_new = T − b``: every jump is a tie) or a scale (an accumulator near
 2^19 times a float32 scale: the least-squares slope is off by more than its residual suggests, far from the
 samples' mean). An old MultiThreshold is judged by its real thresholds where it carries them
-(:func:`_old_thresholds`): its float32 thresholds decide only float32 inputs, and the mapped points are float64.
+(:func:`_real_form`): its float32 thresholds decide only float32 inputs, and the mapped points are float64.
 A mismatch is returned as ``(message, node, tensor)`` naming the node and the channel; where
 the conditions do not hold nothing is proved (debug log) and the sampled comparison stands alone.
 """
@@ -79,50 +79,47 @@ def _attr(node: Any, name: str, default: Any) -> Any:
     return node.attributes[name].value if name in node.attributes else default
 
 
-def _old_thresholds(old: Any, stored: np.ndarray) -> np.ndarray:
-    """The thresholds that decide the old MultiThreshold's levels on real inputs. A node made from a quantizer
-    carries its real thresholds ``R`` (:mod:`streamline.real_thresholds`) and stores the least float32 ``T ≥ R``:
-    ``x ≥ T`` decides ``x ≥ R`` for every float32 ``x``, but the fit maps an integer to a float64 value, which can
-    lie between ``R`` and ``T`` (an accumulator near 2^19 times a scale: a float32 step there is 2^-8). Where the
-    stored thresholds are that float32 form of the real ones (or, as conversion makes them bit-exact with the
-    float32 quantizer, within two float32 steps of it), the least float64 ``T ≥ R`` (``> R`` where strict) is
-    returned, which decides ``x ≥ R`` for every float64 ``x``: what the pass must keep is the real-number meaning,
-    which is what the rewritten node is made from. Else (no real thresholds, or others) the stored thresholds."""
+def _real_form(old: Any, stored: np.ndarray) -> Any:
+    """The real thresholds ``R`` (:mod:`streamline.real_thresholds`) that the old MultiThreshold's stored ones
+    encode, or None. A node made from a quantizer stores the least float32 ``T ≥ R`` (conversion makes it
+    bit-exact with the float32 quantizer, which rounds ``x/s``: within two float32 steps of that): ``x ≥ T`` decides
+    ``x ≥ R`` for every float32 ``x``, but the fit maps an integer to a float64 value, which can lie between ``R``
+    and ``T`` (an accumulator near 2^19 times a scale: a float32 step there is 2^-8). What the pass must keep is the
+    real-number meaning, which the rewritten node is made from: where the stored thresholds are its float32 form,
+    the old node's levels are counted against ``R`` itself. None without real thresholds, or with others."""
     rt = get_real_thresholds(old)
     if rt is None or rt.shape[1] != stored.shape[1] or rt.shape[0] not in (1, stored.shape[0]):
-        return stored
+        return None
     try:
         t32 = np.broadcast_to(rt.float_thresholds(np.float32), stored.shape)
-        s32 = np.asarray(stored, np.float32)
-        # the stored form of R: the least float32 >= R, or (made by conversion, bit-exact with the float32 quantizer,
-        # which rounds x/s) a float32 value within two float32 steps of it
-        with np.errstate(invalid="ignore"):
-            gap = np.abs(s32.astype(np.float64) - t32) <= 2 * np.spacing(np.abs(t32)).astype(np.float64)
-        near = (s32 == t32) | gap
-        if not near.all():
-            return stored
-        return np.broadcast_to(rt.float_thresholds(np.float64), stored.shape)
     except (ValueError, OverflowError, ZeroDivisionError):
-        return stored
+        return None
+    s32 = np.asarray(stored, np.float32)
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(s32.astype(np.float64) - t32) <= 2 * np.spacing(np.abs(t32)).astype(np.float64)
+    return rt if ((s32 == t32) | gap).all() else None
 
 
-def _old_levels(old: Any, before: Model, channels: int, rest: int
-                ) -> tuple[Any, np.ndarray, np.ndarray | None] | None:
-    """The old node's level function on ``[C, M]`` real inputs, its per-channel output step and (for a
-    MultiThreshold) the thresholds it decides by (:func:`_old_thresholds`), or None."""
+def _old_levels(old: Any, before: Model, channels: int, rest: int) -> tuple[Any, np.ndarray] | None:
+    """The old node's level function on ``[C, M]`` real inputs and its per-channel output step, or None. An old
+    MultiThreshold's levels are counted against its real thresholds where it carries them (:func:`_real_form`)."""
     if old.op_type in _QUANTIZERS:
         step = _step(old, channels, rest)
 
         def quantized(x: np.ndarray) -> np.ndarray | None:
             out = _quantize(old, before, x.T.reshape((x.shape[1], channels) + (1,) * (rest - 1)))
             return None if out is None else out.reshape(x.shape[1], channels).T
-        return (quantized, step, None) if step is not None else None
+        return (quantized, step) if step is not None else None
     thr = const_array(old.inputs[1]) if len(old.inputs) > 1 and old.inputs[1] is not None else None
     scale, bias = float(_attr(old, "out_scale", 1.0)), float(_attr(old, "out_bias", 0.0))
     if thr is None or thr.ndim != 2 or thr.shape[0] not in (1, channels) or scale == 0:
         return None
-    t = np.broadcast_to(_old_thresholds(old, np.asarray(thr)).astype(np.float64), (channels, thr.shape[1]))
-    return (lambda x: multithreshold(x, t, scale, bias, channel_axis=0)), np.full(channels, abs(scale)), t
+    step = np.full(channels, abs(scale))
+    rt = _real_form(old, np.asarray(thr))
+    if rt is not None:
+        return (lambda x: scale * rt.count_passed(x).astype(np.float64) + bias), step
+    t = np.broadcast_to(np.asarray(thr, np.float64), (channels, thr.shape[1]))
+    return (lambda x: multithreshold(x, t, scale, bias, channel_axis=0)), step
 
 
 def _granularity(values: np.ndarray) -> np.ndarray:
@@ -250,7 +247,7 @@ def prove_changed_thresholds(verifier: Any, model: Model, outcome: Any, policy: 
         if thr.shape[0] not in (1, channels) or (found := _old_levels(old, snap.model, channels, rest)) is None:
             _skip(label, "thresholds or the old node's parameters do not broadcast per channel")
             continue
-        levels, step, _ = found
+        levels, step = found
         lo, hi = float(np.ceil(dt.min())), float(np.floor(dt.max()))
         if x == z:  # the same tensor with the same values: the identity, exactly
             ones = np.ones(channels)

@@ -63,6 +63,27 @@ def test_integer_thresholds_are_exact_ceilings_up_to_2_31(seed: int) -> None:
             assert got.dtype == np.float32 and [int(v) for v in got[0]] == expected
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_counts_against_real_thresholds_are_exact_at_float64_points(seed: int) -> None:
+    """``count_passed`` (how the per-pass proofs count an old MultiThreshold's levels at float64 points) against
+    Fractions, at points on, one float64 step below and above each real threshold near 2^30."""
+    rng = np.random.default_rng(seed)
+    s = Fraction(float(np.float32(rng.uniform(0.01, 2.0))))
+    n = np.sort(rng.integers(2**22, 2**23 - 1, size=5))
+    base = np.array([[float(s * int(k) * 256) for k in n]] * 2)
+    strict = np.array([[False] * 5, [True] * 5])
+    rt = RealThresholds(base, strict, alpha=[s, s], beta=[0, Fraction(1, 2**31)])
+    real = rt.real
+    points = []
+    for r in real[0]:
+        f = float(r)
+        points += [f, np.nextafter(f, -np.inf), np.nextafter(f, np.inf)]
+    x = np.array([points, points], np.float64)
+    expected = [[sum(1 for r, st in zip(real[c], strict[c]) if (Fraction(v) > r if st else Fraction(v) >= r))
+                 for v in x[c]] for c in range(2)]
+    assert rt.count_passed(x).tolist() == expected
+
+
 def test_thresholds_beyond_the_range_are_clipped_to_float32_numbers() -> None:
     """Clipped to an accumulator range [−2^25, 2^25 − 1], thresholds beyond it become −2^25 and 2^25: exact."""
     rt = RealThresholds(np.array([[-3.0e9, -1.5, 7.25, 4.0e9]]), np.zeros((1, 4), bool))
