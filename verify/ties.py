@@ -36,7 +36,9 @@ __all__ = ["NearTie", "Margin", "margin_at", "split_near_ties", "is_bipolar", "Q
 
 #: nodes whose output levels are decided by comparisons with boundaries
 QUANTIZER_OPS = ("Quant", "IntQuant", "BipolarQuant", "MultiThreshold")
-#: default relative distance to a boundary below which a one-step difference is a float32 near-tie
+#: the relative distance to a boundary below which a margin counts as near (:meth:`Margin.is_near`); it describes,
+#: it no longer decides a near-tie (float64 evidence does: :func:`split_near_ties`), and the ``rtol`` that
+#: :func:`split_near_ties` still takes (the configuration's ``near_tie_rtol``) is kept for compatibility only
 DEFAULT_NEAR_TIE_RTOL = 1e-4
 #: more one-step differences than this in one tensor of one sample are not accepted as near-ties (they are rare)
 MAX_NEAR_TIES = 256
@@ -197,7 +199,8 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
     decides: an input a hair from a boundary is what a threshold off by one also produces.
 
     ``quantizers`` lists (node, value lookup) pairs for the quantizer producing the tensor in each model version
-    (after and before the rewrite): their margins describe each accepted near-tie. ``grid_step``: the step of the
+    (after and before the rewrite): their margins describe each accepted near-tie (``rtol`` is not used: see
+    :data:`DEFAULT_NEAR_TIE_RTOL`). ``grid_step``: the step of the
     levels of ``expected`` (the quantizer producing the tensor before the rewrite), if known: when one difference
     is not a whole number of these steps, no level of the original is the same there, so it is no near-tie, and
     every difference is returned as real without running anything. Only quantized tensors (``step`` known) can have
