@@ -42,6 +42,7 @@ from finnlite.core.policies import Equality, Policy, Tolerance
 from finnlite.core.shapes import const_array
 from verify.compare import is_integer_tensor
 from verify.proofs import _QUANTIZERS, RESIDUAL32, AffineFit, _quantize, _step, fit_affine, prove_levels
+from streamline.exact import EXACT_KEY
 from streamline.real_thresholds import get_real_thresholds
 from verify.region import node_label
 
@@ -136,7 +137,9 @@ def _chain_constants(before: Any, z: str, x: str, ndim: int, axis: int, channels
                      ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]] | None:
     """``(a, b, ops)`` when, before the pass, ``z`` is ``x`` through ``ops``, one of ``()``, ``("Mul",)``,
     ``("Add",)`` or ``("Mul", "Add")`` (from ``x`` on), each with a constant that is a scalar or one float32 value
-    per channel of ``axis``: ``a``, ``b`` per channel (1 and 0 where absent). None for any other chain."""
+    per channel of ``axis`` and is what the node means (no exact value of its own, :mod:`streamline.exact`, of which
+    the float32 constant would be a rounding): ``a``, ``b`` per channel (1 and 0 where absent). None for any other
+    chain."""
     from streamline.exact import channel_vector
 
     a, b = np.ones(channels, np.float32), np.zeros(channels, np.float32)
@@ -145,6 +148,8 @@ def _chain_constants(before: Any, z: str, x: str, ndim: int, axis: int, channels
         node = before.producers.get(z)
         if node is None or node.op_type not in ("Mul", "Add") or len(node.inputs) != 2 or len(ops) >= 2:
             return None
+        if node.metadata_props.get(EXACT_KEY):
+            return None  # its float32 constant rounds an exact one (streamline.exact): the real map is not it
         consts = [const_array(v) if v is not None else None for v in node.inputs]
         if sum(c is not None for c in consts) != 1:
             return None
