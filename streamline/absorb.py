@@ -9,6 +9,7 @@ thresholds as exact: ``x ≥ T`` is what it computes.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +23,13 @@ from finnlite.core.passes import Miss, Rule, Transformation, register_pass
 from finnlite.core.shapes import const_array
 from streamline.convert_common import layout_for
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
-from streamline.real_thresholds import RealThresholds, get_real_thresholds, relu_composed, set_real_thresholds
+from streamline.real_thresholds import (RealThresholds, ThresholdPrecisionError, get_real_thresholds, relu_composed,
+                                        set_real_thresholds)
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model
+
+log = logging.getLogger(__name__)
 
 
 def mt_channel_axis(node: ir.Node) -> int:
@@ -46,20 +50,41 @@ def real_thresholds_of(model: Any, node: ir.Node) -> RealThresholds:
 
 def materialize(model: Any, node: ir.Node) -> bool:
     """Write the float32 thresholds implied by the node's real thresholds and its input's datatype; True if they
-    changed."""
+    changed. An integer input whose exact thresholds float32 cannot hold (:class:`ThresholdPrecisionError`; the
+    absorbing rules decline before making one, :func:`threshold_miss`) keeps the float32 form, the least float32 not
+    below each real threshold: exact for every float32 input, and so for every integer the model's float32
+    tensors hold; :class:`~streamline.round_thresholds.RoundAndClipThresholds` then declines to make them integers."""
     rt = get_real_thresholds(node)
     if rt is None:
         return False
     dt = model.get_tensor_datatype(node.inputs[0].name)
+    new = None
     if is_integer_type(dt):
-        new = rt.integer_thresholds(float(dt.min()), float(dt.max()))
-    else:
+        try:
+            new = rt.integer_thresholds(float(dt.min()), float(dt.max()))
+        except ThresholdPrecisionError as exc:
+            log.warning("MultiThreshold '%s': %s; its thresholds stay float32 numbers", node.name, exc)
+    if new is None:
         new = rt.float_thresholds()
     old = const_array(node.inputs[1])
     if old is not None and old.shape == new.shape and np.array_equal(old, new):
         return False
     node.replace_input_with(1, model.add_initializer(new, prefix=f"{node.name}_thr"))
     return True
+
+
+def threshold_miss(rule: Rule, model: Any, node: ir.Node, rt: RealThresholds, x: ir.Value) -> Miss | None:
+    """A :class:`Miss` of ``rule`` at MultiThreshold ``node`` if the thresholds ``rt`` on its new input ``x`` (of an
+    integer datatype) would need integers float32 cannot hold (accumulators beyond 2^24): rounding one would move
+    a threshold, and FINN stores thresholds as float32. None if they fit, or if ``x`` is not an integer tensor."""
+    dt = model.get_tensor_datatype(x.name)
+    if not is_integer_type(dt):
+        return None
+    try:
+        rt.integer_thresholds(float(dt.min()), float(dt.max()))
+    except ThresholdPrecisionError as exc:
+        return rule.miss(node, f"the thresholds on '{x.name}' ({dt.name}) would not be exact: {exc}")
+    return None
 
 
 def _set(model: Any, node: ir.Node, rt: RealThresholds) -> None:
@@ -133,6 +158,8 @@ class LinearIntoThresholds:
     const_index: int
     vec: np.ndarray
     axis: int
+    #: the MultiThreshold's real thresholds with the constant absorbed (worked out by the match's conditions)
+    rt: RealThresholds | None = None
 
 
 @register_pass(group="absorb")
@@ -141,7 +168,8 @@ class AbsorbAddIntoMultiThreshold(Rule):
 
     Holds because x + b ≥ R ⇔ x ≥ R − b, per channel. Conditions: b is a constant that is a scalar or varies only
     along the MultiThreshold's channel axis (a per-tensor MultiThreshold without a data_layout takes b's axis,
-    :func:`absorb_channel_vector`); the Add feeds only the MultiThreshold."""
+    :func:`absorb_channel_vector`); the Add feeds only the MultiThreshold; on an integer x, every threshold ⌈R − b⌉
+    is a float32 number (:func:`threshold_miss`: an accumulator range beyond 2^24 can need one that is not)."""
 
     op_types = ("MultiThreshold",)
 
@@ -155,12 +183,14 @@ class AbsorbAddIntoMultiThreshold(Rule):
         axis, vec = absorb_channel_vector(model, node, exact_value(add, c[1]))
         if vec is None:
             return self.miss(node, "the Add's constant varies along a non-channel axis")
-        return LinearIntoThresholds(node, add, c[0], vec, axis)
+        rt = real_thresholds_of(model, node).shifted(vec)
+        miss = threshold_miss(self, model, node, rt, add.inputs[1 - c[0]])
+        return miss or LinearIntoThresholds(node, add, c[0], vec, axis, rt)
 
     def rewrite(self, model: "Model", match: LinearIntoThresholds) -> None:
         node, add, vec = match.node, match.lin, match.vec
         set_channel_axis(node, match.axis)
-        rt = real_thresholds_of(model, node).shifted(vec)
+        rt = match.rt if match.rt is not None else real_thresholds_of(model, node).shifted(vec)
         node.replace_input_with(0, add.inputs[1 - match.const_index])
         model.remove_node(add)
         _set(model, node, rt)
@@ -174,7 +204,8 @@ class AbsorbMulIntoMultiThreshold(Rule):
     counted from above (out_scale → −out_scale, out_bias → out_bias + out_scale·N, strictness flipped). For a = 0
     every threshold is constantly passed or not. Conditions: a is a scalar or varies only along the channel axis
     (a per-tensor MultiThreshold without a data_layout takes a's axis, :func:`absorb_channel_vector`);
-    per-channel factors of mixed sign are left for AbsorbSignIntoWeights; the Mul feeds only the MultiThreshold."""
+    per-channel factors of mixed sign are left for AbsorbSignIntoWeights; the Mul feeds only the MultiThreshold; on
+    an integer x, every threshold ⌈R/a⌉ is a float32 number (:func:`threshold_miss`)."""
 
     op_types = ("MultiThreshold",)
 
@@ -190,24 +221,33 @@ class AbsorbMulIntoMultiThreshold(Rule):
             return self.miss(node, "the Mul's constant varies along a non-channel axis")
         if len(vec) > 1 and any(v < 0 for v in vec):
             return self.miss(node, "per-channel factors with negative values (needs their sign in the weights)")
-        return LinearIntoThresholds(node, mul, c[0], vec, axis)
+        rt = _mul_absorbed(real_thresholds_of(model, node), vec)
+        miss = threshold_miss(self, model, node, rt, mul.inputs[1 - c[0]])
+        return miss or LinearIntoThresholds(node, mul, c[0], vec, axis, rt)
 
     def rewrite(self, model: "Model", match: LinearIntoThresholds) -> None:
         node, mul, vec = match.node, match.lin, match.vec
         set_channel_axis(node, match.axis)
         rt = real_thresholds_of(model, node)
+        absorbed = match.rt if match.rt is not None else _mul_absorbed(rt, vec)
         if len(vec) == 1 and vec[0] < 0:
             n = rt.shape[1]
             scale = float(node.attributes["out_scale"].value) if "out_scale" in node.attributes else 1.0
             bias = float(node.attributes["out_bias"].value) if "out_bias" in node.attributes else 0.0
             node.attributes["out_scale"] = ir.AttrFloat32("out_scale", -scale)
             node.attributes["out_bias"] = ir.AttrFloat32("out_bias", bias + scale * n)
-            rt = rt.negated().scaled(np.array([-vec[0]], dtype=object))
-        else:
-            rt = rt.scaled(vec)
+        rt = absorbed
         node.replace_input_with(0, mul.inputs[1 - match.const_index])
         model.remove_node(mul)
         _set(model, node, rt)
+
+
+def _mul_absorbed(rt: RealThresholds, vec: np.ndarray) -> RealThresholds:
+    """The thresholds on ``x`` for thresholds ``rt`` on ``Mul(x, vec)`` (a scalar ``vec < 0``: negated, counted
+    from above; the caller changes the node's out_scale and out_bias)."""
+    if len(vec) == 1 and vec[0] < 0:
+        return rt.negated().scaled(np.array([-vec[0]], dtype=object))
+    return rt.scaled(vec)
 
 
 def _weight_channel_axis(node: ir.Node) -> int | None:

@@ -64,6 +64,10 @@ def _exact_base(real: Any) -> np.ndarray:
     return out
 
 
+class ThresholdPrecisionError(ValueError):
+    """An integer threshold that float32, the type FINN stores thresholds in, cannot hold exactly."""
+
+
 class RealThresholds:
     """Exact thresholds ``(base − β) / α`` (module docstring) with per-threshold strictness."""
 
@@ -257,7 +261,13 @@ class RealThresholds:
 
     def integer_thresholds(self, lo: float | None = None, hi: float | None = None) -> np.ndarray:
         """float32 thresholds for an integer input: ``⌈R⌉`` (non-strict) or ``⌊R⌋ + 1`` (strict), clipped to
-        ``[lo, hi + 1]`` when the input's range is known (a threshold beyond it is never or always passed)."""
+        ``[lo, hi + 1]`` when the input's range is known (a threshold beyond it is never or always passed).
+
+        Exact for accumulators up to 2^31 and beyond: the ceilings come from float64 with a rigorous error bound and
+        from Fractions where the bound does not decide. An integer threshold that float32 cannot hold (beyond 2^24,
+        not a multiple of its float32 spacing) raises :class:`ThresholdPrecisionError`: rounding it would move the
+        threshold for an exact integer accumulator (FINN's hardware), and FINN takes thresholds only as float32
+        tensors."""
         v, err, full = self._approx()
         with np.errstate(invalid="ignore"):
             out = np.where(full.strict, np.floor(v) + 1, np.ceil(v))
@@ -267,35 +277,107 @@ class RealThresholds:
             out[c, m] = math.floor(r) + 1 if full.strict[c, m] else math.ceil(r)
         if lo is not None and hi is not None:
             out = np.clip(out, lo, hi + 1)
-        finite = out[np.isfinite(out)]
-        if finite.size and np.abs(finite).max() > 2**24:
-            raise ValueError("an integer threshold exceeds 2^24 and is not exact in float32")
+        with np.errstate(over="ignore", invalid="ignore"):
+            held = np.isinf(out) | (out.astype(np.float32).astype(np.float64) == out)
+        if not held.all():
+            c, m = (int(i) for i in np.argwhere(~held)[0])
+            raise ThresholdPrecisionError(
+                f"integer threshold {out[c, m]:.0f} (channel {c}, step {m + 1}) is not a float32 number: "
+                f"{int((~held).sum())} threshold(s) need more than float32's 24 bits")
         return out.astype(np.float32)
 
-    def float_thresholds(self) -> np.ndarray:
-        """float32 thresholds for a float32 input: the least float32 ``x`` with ``x ≥ R`` (``x > R`` if strict)."""
+    def float_thresholds(self, dtype: Any = np.float32) -> np.ndarray:
+        """Thresholds for a float input of ``dtype`` (float32, or float64 for a float64 execution of what the node
+        means): the least ``x`` of that type with ``x ≥ R`` (``x > R`` if strict), so that ``x ≥ T ⇔ x ≥ R`` (``>``)
+        for every ``x`` of the type. (Cached: the object does not change.)"""
+        ftype = np.dtype(dtype).type
+        cache = self.__dict__.setdefault("_float_cache", {})
+        if ftype in cache:
+            return cache[ftype].copy()
         v, err, full = self._approx()
         with np.errstate(over="ignore", invalid="ignore"):
-            f = v.astype(np.float32)
-            f = np.where(f.astype(np.float64) < v, np.nextafter(f, np.float32(np.inf)), f)
-            below = np.nextafter(f, np.float32(-np.inf))
+            f = v.astype(ftype)
+            f = np.where(f.astype(np.float64) < v, np.nextafter(f, ftype(np.inf)), f)
+            below = np.nextafter(f, ftype(-np.inf))
             f64, b64 = f.astype(np.float64), below.astype(np.float64)
-            # f is the least float32 >= v; decide ≥/> and the rounding of v only where v is within err of f or below
+            # f is the least value >= v; decide ≥/> and the rounding of v only where v is within err of f or below
             unsure = np.isfinite(v) & ((np.abs(f64 - v) <= err) | (np.abs(v - b64) <= err))
-            out = np.where(full.strict & (f64 == v), np.nextafter(f, np.float32(np.inf)), f)
-        for c, m in zip(*np.nonzero(unsure)):
-            out[c, m] = _least_float32(self._exact(full, c, m), bool(full.strict[c, m]))
-        return out.astype(np.float32)
+            out = np.where(full.strict & (f64 == v), np.nextafter(f, ftype(np.inf)), f)
+        if unsure.any():
+            ratios = full._ratios()
+            for c, m in zip(*np.nonzero(unsure)):
+                n, d = _ratio_of(full.base[c, m], ratios[c])
+                out[c, m] = _least_float(n, d, bool(full.strict[c, m]), ftype)
+        cache[ftype] = out.astype(ftype)
+        return cache[ftype].copy()
+
+    def count_passed(self, x: np.ndarray) -> np.ndarray:
+        """Per element of ``x`` (float64, shape ``[C, M]``: one row per channel), the number of thresholds it
+        passes, ``#{k : x ≥ R[c, k]}`` (``>`` where strict), exactly: decided in float64 where ``x`` is farther from
+        ``R`` than the float64 estimate's error bound, and by integer arithmetic where it is not."""
+        x = np.asarray(x, np.float64)
+        v, err, full = self._approx()
+        if v.shape[0] == 1 and x.shape[0] != 1:
+            v, err, full = (np.broadcast_to(v, (x.shape[0], v.shape[1])), np.broadcast_to(err, (x.shape[0],
+                            v.shape[1])), full.broadcast_channels(x.shape[0]))
+        counts = np.zeros(x.shape, np.int64)
+        ratios = None
+        for k in range(v.shape[1]):
+            vk, ek, sk = v[:, k:k + 1], err[:, k:k + 1], full.strict[:, k:k + 1]
+            with np.errstate(invalid="ignore"):
+                passed = np.where(sk, x > vk, x >= vk)
+                near = np.isfinite(vk) & np.isfinite(x) & (np.abs(x - vk) <= ek)
+            for c, j in zip(*np.nonzero(near)):  # x within the estimate's error of R: decide exactly
+                ratios = ratios if ratios is not None else full._ratios()
+                n, d = _ratio_of(full.base[c, k], ratios[c])
+                xn, xd = float(x[c, j]).as_integer_ratio()
+                lhs, rhs = xn * d, n * xd
+                passed[c, j] = lhs > rhs or (lhs == rhs and not full.strict[c, k])
+            counts += passed
+        return counts
+
+    def _ratios(self) -> list[tuple[int, int, int, int]]:
+        """Per row, α = p/q and β = r/t as integers ``(p, q, r, t)``."""
+        return [(a.numerator, a.denominator, b.numerator, b.denominator) for a, b in zip(self.alpha, self.beta)]
 
 
-def _least_float32(r: Fraction, strict: bool) -> np.float32:
-    f = np.float32(float(r))
-    while not (Fraction(float(f)) > r or (Fraction(float(f)) == r and not strict)):
-        f = np.nextafter(f, np.float32(np.inf), dtype=np.float32)
+def _ratio_of(base: float, ratio: tuple[int, int, int, int]) -> tuple[int, int]:
+    """``R = (base − β)/α`` as ``N/D`` with integers, ``D > 0`` (α = p/q, β = r/t): ``(bn·t − r·bd)·q / (bd·t·p)``."""
+    p, q, r, t = ratio
+    bn, bd = float(base).as_integer_ratio()
+    return (bn * t - r * bd) * q, bd * t * p
+
+
+def _least_float(n: int, d: int, strict: bool, ftype: Any = np.float32) -> Any:
+    """The least value of the float type ``ftype`` that is ``≥ n/d`` (``> n/d`` if strict; ``d > 0``), found
+    exactly: Python's integer division rounds correctly, and each candidate is compared by cross-multiplying."""
+    def passes(f: Any) -> bool:
+        fn, fd = float(f).as_integer_ratio()
+        lhs, rhs = fn * d, n * fd
+        return lhs > rhs or (lhs == rhs and not strict)
+
+    if ftype is np.float64:  # Python floats: the same values, without numpy's per-scalar overhead
+        try:
+            g = n / d
+        except OverflowError:
+            g = math.inf if n > 0 else -math.inf
+        while math.isfinite(g) and not passes(g):
+            g = math.nextafter(g, math.inf)
+        while math.isfinite(g):
+            below = math.nextafter(g, -math.inf)
+            if not (math.isfinite(below) and passes(below)):
+                break
+            g = below
+        return np.float64(g)
+    try:
+        f = ftype(n / d)
+    except OverflowError:
+        f = ftype(np.inf if n > 0 else -np.inf)
+    while np.isfinite(f) and not passes(f):
+        f = np.nextafter(f, ftype(np.inf), dtype=ftype)
     while True:
-        below = np.nextafter(f, np.float32(-np.inf), dtype=np.float32)
-        fb = Fraction(float(below)) if np.isfinite(below) else None
-        if fb is not None and (fb > r or (fb == r and not strict)):
+        below = np.nextafter(f, ftype(-np.inf), dtype=ftype)
+        if np.isfinite(below) and passes(below):
             f = below
         else:
             return f

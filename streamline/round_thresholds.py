@@ -12,7 +12,7 @@ from finnlite.core.graphutil import add_constant
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from streamline.lower_common import is_op, union_datatype
-from streamline.real_thresholds import get_real_thresholds
+from streamline.real_thresholds import ThresholdPrecisionError, get_real_thresholds
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model
@@ -21,18 +21,18 @@ if TYPE_CHECKING:
 def integer_thresholds(node: ir.Node, t: np.ndarray, dt: BaseDataType) -> np.ndarray:
     """The integer thresholds equivalent to ``t`` for inputs of datatype ``dt``, clipped to
     ``[dt.min(), dt.max() + 1]``: from the node's exact real thresholds when it carries them (ceiling, or floor + 1
-    where strict), else ``⌈t⌉``."""
+    where strict), else ``⌈t⌉``. :class:`~streamline.real_thresholds.ThresholdPrecisionError` if one of them is an
+    integer float32 cannot hold (never rounded)."""
     lo, hi = float(dt.min()), float(dt.max())
     rt = get_real_thresholds(node)
     if rt is not None and rt.shape[1] == t.shape[1] and (rt.shape[0] == t.shape[0] or 1 in (rt.shape[0], t.shape[0])):
-        try:
-            exact = rt.integer_thresholds(lo, hi).astype(np.float64)
-        except ValueError:  # beyond 2^24: the float thresholds are integers already
-            exact = None
-        if exact is not None:
-            rows = max(exact.shape[0], t.shape[0])
-            return np.broadcast_to(exact, (rows, exact.shape[1])).copy()
-    return np.clip(np.ceil(t.astype(np.float64)), lo, hi + 1)
+        exact = rt.integer_thresholds(lo, hi).astype(np.float64)
+        rows = max(exact.shape[0], t.shape[0])
+        return np.broadcast_to(exact, (rows, exact.shape[1])).copy()
+    out = np.clip(np.ceil(t.astype(np.float64)), lo, hi + 1)
+    if not np.array_equal(out.astype(np.float32).astype(np.float64), out):
+        raise ThresholdPrecisionError("an integer threshold is not a float32 number")
+    return out
 
 
 @register_pass(group="lower")
@@ -45,10 +45,11 @@ class RoundAndClipThresholds(Rule):
     ``max + 1`` — so clipping to ``[min, max + 1]`` keeps every count (clipping to ``max``, as older FINN versions
     do, would count ``x = max`` for a threshold above it). Sorted rows stay sorted. With exact real thresholds on the
     node (:mod:`streamline.real_thresholds`) the integers come from them (``⌈R⌉``, or ``⌊R⌋ + 1`` where strict),
-    which is what the original graph means in real arithmetic. The threshold tensor is annotated with the narrowest
-    datatype holding the input's range and the thresholds — one bit wider than the input only when ``max + 1``
-    occurs — rather than the input's datatype, which cannot express ``max + 1``; a shared threshold initializer is
-    copied, not changed in place."""
+    which is what the original graph means in real arithmetic; where one of those integers is not a float32 number
+    (an accumulator range beyond 2^24), the rule declines rather than round it. The threshold tensor is annotated
+    with the narrowest datatype holding the input's range and the thresholds — one bit wider than the input only
+    when ``max + 1`` occurs — rather than the input's datatype, which cannot express ``max + 1``; a shared threshold
+    initializer is copied, not changed in place."""
 
     op_types = ("MultiThreshold",)
 
@@ -61,7 +62,10 @@ class RoundAndClipThresholds(Rule):
         dt = model.get_tensor_datatype(node.inputs[0].name)
         if not is_integer_type(dt):
             return None
-        new_t = integer_thresholds(node, t, dt)
+        try:
+            new_t = integer_thresholds(node, t, dt)
+        except ThresholdPrecisionError as exc:
+            return self.miss(node, f"its thresholds stay float32 numbers: {exc}")
         tdt = union_datatype(dt, float(new_t.min(initial=dt.min())), float(new_t.max(initial=dt.max())))
         if new_t.shape == t.shape and np.array_equal(new_t, t):
             model.set_tensor_datatype(node.inputs[1].name, tdt)  # annotation only: not a rewrite

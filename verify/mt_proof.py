@@ -18,10 +18,14 @@ tensor the version before the pass produced by a MultiThreshold (or quantizer) `
 
 Then both sides are monotone step functions of the integer ``x``, compared at every jump of ``MT_new`` and over the
 whole range (:func:`verify.proofs.prove_levels`, ``O(C·N)`` evaluations of ``F_old``). A mapped point within the
-fit's uncertainty of an old threshold is a tie and proves nothing, unless the map is exact: ``A``, ``B`` rounded to
-float32 reproduce every sample of ``z`` exactly and ``A·x + B − T`` is exact in float64 on the range (all terms
-multiples of ``2^g``, below ``2^(53+g)``), as when an integer bias is absorbed (``z = x + b``, ``T_new = T − b``:
-every jump is a tie). A mismatch is returned as ``(message, node, tensor)`` naming the node and the channel; where
+fit's uncertainty of an old threshold is a tie and proves nothing, unless the map is exact: the chain is at most a
+Mul then an Add by float32 constants that, applied in float32 as before the pass, reproduce every sample of ``z``,
+and ``a·x + b`` is exact in float64 on the range (all terms multiples of ``2^g``, below ``2^(53+g)``), as when an
+integer bias is absorbed (``z = x + b``, ``T_new = T − b``: every jump is a tie) or a scale (an accumulator near
+2^19 times a float32 scale: the least-squares slope is off by more than its residual suggests, far from the
+samples' mean). An old MultiThreshold is judged by its real thresholds where it carries them
+(:func:`_real_form`): its float32 thresholds decide only float32 inputs, and the mapped points are float64.
+A mismatch is returned as ``(message, node, tensor)`` naming the node and the channel; where
 the conditions do not hold nothing is proved (debug log) and the sampled comparison stands alone.
 """
 
@@ -38,6 +42,8 @@ from finnlite.core.policies import Equality, Policy, Tolerance
 from finnlite.core.shapes import const_array
 from verify.compare import is_integer_tensor
 from verify.proofs import _QUANTIZERS, RESIDUAL32, AffineFit, _quantize, _step, fit_affine, prove_levels
+from streamline.exact import EXACT_KEY
+from streamline.real_thresholds import get_real_thresholds
 from verify.region import node_label
 
 log = logging.getLogger(__name__)
@@ -74,8 +80,30 @@ def _attr(node: Any, name: str, default: Any) -> Any:
     return node.attributes[name].value if name in node.attributes else default
 
 
+def _real_form(old: Any, stored: np.ndarray) -> Any:
+    """The real thresholds ``R`` (:mod:`streamline.real_thresholds`) that the old MultiThreshold's stored ones
+    encode, or None. A node made from a quantizer stores the least float32 ``T ≥ R`` (conversion makes it
+    bit-exact with the float32 quantizer, which rounds ``x/s``: within two float32 steps of that): ``x ≥ T`` decides
+    ``x ≥ R`` for every float32 ``x``, but the fit maps an integer to a float64 value, which can lie between ``R``
+    and ``T`` (an accumulator near 2^19 times a scale: a float32 step there is 2^-8). What the pass must keep is the
+    real-number meaning, which the rewritten node is made from: where the stored thresholds are its float32 form,
+    the old node's levels are counted against ``R`` itself. None without real thresholds, or with others."""
+    rt = get_real_thresholds(old)
+    if rt is None or rt.shape[1] != stored.shape[1] or rt.shape[0] not in (1, stored.shape[0]):
+        return None
+    try:
+        t32 = np.broadcast_to(rt.float_thresholds(np.float32), stored.shape)
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return None
+    s32 = np.asarray(stored, np.float32)
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(s32.astype(np.float64) - t32) <= 2 * np.spacing(np.abs(t32)).astype(np.float64)
+    return rt if ((s32 == t32) | gap).all() else None
+
+
 def _old_levels(old: Any, before: Model, channels: int, rest: int) -> tuple[Any, np.ndarray] | None:
-    """The old node's level function on ``[C, M]`` real inputs and its per-channel output step, or None."""
+    """The old node's level function on ``[C, M]`` real inputs and its per-channel output step, or None. An old
+    MultiThreshold's levels are counted against its real thresholds where it carries them (:func:`_real_form`)."""
     if old.op_type in _QUANTIZERS:
         step = _step(old, channels, rest)
 
@@ -87,25 +115,77 @@ def _old_levels(old: Any, before: Model, channels: int, rest: int) -> tuple[Any,
     scale, bias = float(_attr(old, "out_scale", 1.0)), float(_attr(old, "out_bias", 0.0))
     if thr is None or thr.ndim != 2 or thr.shape[0] not in (1, channels) or scale == 0:
         return None
+    step = np.full(channels, abs(scale))
+    rt = _real_form(old, np.asarray(thr))
+    if rt is not None:
+        return (lambda x: scale * rt.count_passed(x).astype(np.float64) + bias), step
     t = np.broadcast_to(np.asarray(thr, np.float64), (channels, thr.shape[1]))
-    return (lambda x: multithreshold_rows(x, t, scale, bias)), np.full(channels, abs(scale))
+    return (lambda x: multithreshold_rows(x, t, scale, bias)), step
 
 
-def _exact(fit: AffineFit, a3: np.ndarray, z3: np.ndarray, old: Any, lo: float, hi: float) -> np.ndarray:
-    """The channels where the fit rounded to float32 reproduces ``z`` exactly and ``A·x + B − T`` is exact in
-    float64 (module docstring); their fit is replaced by the rounded one."""
-    a32, b32 = fit.slope.astype(np.float32).astype(np.float64), fit.bias.astype(np.float32).astype(np.float64)
-    same = fit.ok & np.all(a3[:, :, :8] * a32[:, None] + b32[:, None] == z3[:, :, :8], axis=(0, 2))  # a first look
-    thr = const_array(old.inputs[1]) if old.op_type == "MultiThreshold" else None
-    if thr is None or not same.any() or np.any(np.asarray(thr, np.float32) != thr):
-        return np.zeros_like(same)
-    same &= np.all(a3 * a32[:, None] + b32[:, None] == z3, axis=(0, 2))
-    t = np.broadcast_to(np.asarray(thr, np.float64), (len(same), thr.shape[1]))
-    terms = np.concatenate([a32[:, None], b32[:, None], t], axis=1)
-    g = np.where(terms != 0, np.frexp(terms)[1] - 24, 1 << 20).min(axis=1)  # float32: multiples of 2^(e-24)
-    bound = np.abs(a32) * max(abs(lo), abs(hi) + 1) + np.abs(b32) + np.abs(t).max(axis=1)
+def _granularity(values: np.ndarray) -> np.ndarray:
+    """Per row of ``values`` (finite floats), the exponent ``g`` of the least significant bit set in any of them:
+    each is a multiple of ``2^g`` (a large number for a row of zeros)."""
+    values = np.asarray(values, np.float64)
+    mant, exp = np.frexp(values)
+    bits = (np.abs(mant) * 2.0**53).astype(np.int64)
+    low = np.frexp((bits & -bits).astype(np.float64))[1] - 1  # the lowest set bit of the 53-bit mantissa
+    return np.where(values != 0, exp - 53 + low, 1 << 20).min(axis=1)
+
+
+def _chain_constants(before: Any, z: str, x: str, ndim: int, axis: int, channels: int
+                     ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]] | None:
+    """``(a, b, ops)`` when, before the pass, ``z`` is ``x`` through ``ops``, one of ``()``, ``("Mul",)``,
+    ``("Add",)`` or ``("Mul", "Add")`` (from ``x`` on), each with a constant that is a scalar or one float32 value
+    per channel of ``axis`` and is what the node means (no exact value of its own, :mod:`streamline.exact`, of which
+    the float32 constant would be a rounding): ``a``, ``b`` per channel (1 and 0 where absent). None for any other
+    chain."""
+    from streamline.exact import channel_vector
+
+    a, b = np.ones(channels, np.float32), np.zeros(channels, np.float32)
+    ops: list[str] = []
+    while z != x:
+        node = before.producers.get(z)
+        if node is None or node.op_type not in ("Mul", "Add") or len(node.inputs) != 2 or len(ops) >= 2:
+            return None
+        if node.metadata_props.get(EXACT_KEY):
+            return None  # its float32 constant rounds an exact one (streamline.exact): the real map is not it
+        consts = [const_array(v) if v is not None else None for v in node.inputs]
+        if sum(c is not None for c in consts) != 1:
+            return None
+        k = 0 if consts[0] is not None else 1
+        c = np.asarray(consts[k])
+        vec = channel_vector(c, ndim, axis) if c.dtype == np.float32 else None
+        if vec is None or vec.size not in (1, channels):
+            return None
+        if node.op_type == "Mul":
+            a = np.broadcast_to(vec, (channels,)).astype(np.float32)
+        else:
+            b = np.broadcast_to(vec, (channels,)).astype(np.float32)
+        ops.insert(0, node.op_type)
+        z = node.inputs[1 - k].name
+    return (a, b, tuple(ops)) if tuple(ops) in ((), ("Mul",), ("Add",), ("Mul", "Add")) else None
+
+
+def _exact(fit: AffineFit, a3: np.ndarray, z3: np.ndarray, chain: tuple[np.ndarray, np.ndarray, tuple[str, ...]]
+           | None, lo: float, hi: float) -> np.ndarray:
+    """The channels where the map from ``x`` to ``z`` is known exactly: the chain's own float32 constants
+    (:func:`_chain_constants`), applied in float32 as the version before the pass applies them, reproduce every
+    sample of ``z``, and ``a·x + b`` is exact in float64 on the range (all terms multiples of ``2^g``, below
+    ``2^(53+g)``), so that the level function sees the real number ``z`` means. Their fit is replaced by ``a, b``."""
+    if chain is None:
+        return np.zeros_like(fit.ok)
+    a, b, ops = chain
+    x32 = a3.astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        z32 = x32 * a[None, :, None] if "Mul" in ops else x32
+        z32 = z32 + b[None, :, None] if "Add" in ops else z32
+    same = fit.ok & np.all(z32.astype(np.float64) == z3, axis=(0, 2)) & np.all(np.abs(a3) <= 2.0**24, axis=(0, 2))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    g = np.minimum(_granularity(a64[:, None]), _granularity(b64[:, None]))  # x is an integer: a·x a multiple of 2^g_a
+    bound = np.abs(a64) * max(abs(lo), abs(hi) + 1) + np.abs(b64)
     exact = same & (bound < np.ldexp(1.0, np.minimum(53 + g, 1000)))
-    fit.slope, fit.bias = np.where(exact, a32, fit.slope), np.where(exact, b32, fit.bias)
+    fit.slope, fit.bias = np.where(exact, a64, fit.slope), np.where(exact, b64, fit.bias)
     fit.resid = np.where(exact, 0.0, fit.resid)
     return exact
 
@@ -183,7 +263,8 @@ def prove_changed_thresholds(verifier: Any, model: Model, outcome: Any, policy: 
             # three values or more: a variance below that of the two extremes alone, (max − mean)·(mean − min)
             three = fit.var < (a3.max(axis=(0, 2)) - fit.mean) * (fit.mean - a3.min(axis=(0, 2))) * (1 - 1e-9)
             fit.ok &= (fit.resid <= RESIDUAL32) & three
-            exact = _exact(fit, a3, z3, old, lo, hi)
+            chain = _chain_constants(snap, z, x, ndim, axis, channels)
+            exact = _exact(fit, a3, z3, chain, lo, hi)
         proved = int(fit.ok.sum())
         if not proved:
             _skip(label, f"no channel of '{z}' is an affine function of '{x}' on the probe samples")

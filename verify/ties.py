@@ -6,10 +6,15 @@ MultiThreshold, ``x`` against 0 for a bipolar one. When the input lies within fl
 correct computations of the same real-number value can land on different sides. Such an element is a *near-tie*:
 
 * the two results differ by exactly one quantization step, and
-* the quantizer's input, in the model before or after the rewrite, lies within a relative ``rtol`` of a boundary,
-  and that comparison is not between integers (an integer accumulator against an integer threshold is exact: no
-  rounding can move it, so a difference there is a real one); or the new value equals the float64 execution of
-  the original model.
+* float64 execution of *both* sides agrees on the level there: the version before the rewrite and the version after
+  it, each run as what it means in real arithmetic (:mod:`verify.real64`: exact constants and real thresholds in
+  float64, not their float32 roundings), and the original model where it has the tensor. Then both versions compute
+  the same real number, and only float32 rounding put it on two sides of a boundary.
+
+A margin (the input's distance to the nearest boundary) never decides: an accumulator one step from an integer
+threshold is what a threshold off by one produces, and a float32 input a hair from a float32 threshold is what a
+threshold one float32 step off produces. Margins only describe the accepted near-ties. Without float64 evidence a
+one-step difference is a real one.
 
 :func:`margin_at` measures the distance to the nearest boundary; :func:`split_near_ties` sorts the differing
 elements of a comparison into near-ties and real differences.
@@ -31,7 +36,9 @@ __all__ = ["NearTie", "Margin", "margin_at", "split_near_ties", "is_bipolar", "Q
 
 #: nodes whose output levels are decided by comparisons with boundaries
 QUANTIZER_OPS = ("Quant", "IntQuant", "BipolarQuant", "MultiThreshold")
-#: default relative distance to a boundary below which a one-step difference is a float32 near-tie
+#: the relative distance to a boundary below which a margin counts as near (:meth:`Margin.is_near`); it describes,
+#: it no longer decides a near-tie (float64 evidence does: :func:`split_near_ties`), and the ``rtol`` that
+#: :func:`split_near_ties` still takes (the configuration's ``near_tie_rtol``) is kept for compatibility only
 DEFAULT_NEAR_TIE_RTOL = 1e-4
 #: more one-step differences than this in one tensor of one sample are not accepted as near-ties (they are rare)
 MAX_NEAR_TIES = 256
@@ -58,7 +65,7 @@ class Margin:
 @dataclass(frozen=True)
 class NearTie:
     """One element accepted as a float32 near-tie: tensor, sample, index, the two values, the quantizer node and
-    its margin (None when the evidence is agreement with float64 execution of the original)."""
+    its margin (for the description; None when it cannot be measured), and the evidence that decided."""
 
     tensor: str
     sample: int
@@ -71,11 +78,12 @@ class NearTie:
 
     def describe(self) -> str:
         where = f"tensor '{self.tensor}' {self.index} (sample {self.sample}, node '{self.node}')"
-        if self.margin is None:
-            return f"{where}: {self.expected:.9g} -> {self.actual:.9g}, equal to float64 execution of the original"
+        text = (f"{where}: {self.expected:.9g} -> {self.actual:.9g}, the level of float64 execution of both sides"
+                if self.evidence == "float64" else f"{where}: {self.expected:.9g} -> {self.actual:.9g}")
         m = self.margin
-        return (f"{where}: {self.expected:.9g} -> {self.actual:.9g}; input {m.value:.9g} vs boundary "
-                f"{m.boundary:.9g} (relative margin {m.relative:.2e})")
+        if m is not None:
+            text += f"; input {m.value:.9g} vs boundary {m.boundary:.9g} (relative margin {m.relative:.2e})"
+        return text
 
 
 def is_bipolar(q: Any) -> bool:
@@ -176,17 +184,27 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
                     tensor: str, sample: int, step: np.ndarray | float | None,
                     quantizers: list[tuple[Any, Callable[[str], np.ndarray | None]]], rtol: float,
                     float64: Callable[[], np.ndarray | None] | None = None,
-                    grid_step: np.ndarray | float | None = None) -> tuple[list[NearTie], np.ndarray]:
+                    grid_step: np.ndarray | float | None = None,
+                    sides64: Callable[[], tuple[np.ndarray | None, np.ndarray | None]] | None = None
+                    ) -> tuple[list[NearTie], np.ndarray]:
     """Sort the differing elements (flat ``diff_indices``) of one tensor into near-ties and real differences.
 
+    An element is a near-tie only if it differs by one quantization ``step`` and float64 execution of both sides
+    of the comparison gives it the same level, one of the two compared: ``sides64()`` returns the float64 values of
+    the tensor in the version before the rewrite and in the version after it (each run as what it means in real
+    arithmetic, :mod:`verify.real64`), and ``float64()``, where the original model has the tensor, its float64
+    execution of the original, which must agree too. Then the two versions compute the same real-number value and
+    the difference is float32 rounding at a decision boundary; without that evidence (no ``sides64``, a run that
+    fails, a level the float64 runs do not share) the difference is real. A margin measured in float32 never
+    decides: an input a hair from a boundary is what a threshold off by one also produces.
+
     ``quantizers`` lists (node, value lookup) pairs for the quantizer producing the tensor in each model version
-    (after and before the rewrite). ``float64``, if given, returns the float64 reference of the same tensor of the
-    original model (or None); it is called only for differences the margins do not explain, and an element agrees
-    with it when it has the same level (within a thousandth of a step). ``grid_step``: the step of the levels of
-    ``expected`` (the quantizer producing the tensor before the rewrite), if known: when one difference is not a
-    whole number of these steps, no level of the original is the same there, so it is no near-tie, and every
-    difference is returned as real without asking the margins or ``float64``. Only quantized tensors (``step``
-    known) can have near-ties. Returns the near-ties and the flat indices of the real differences."""
+    (after and before the rewrite): their margins describe each accepted near-tie (``rtol`` is not used: see
+    :data:`DEFAULT_NEAR_TIE_RTOL`). ``grid_step``: the step of the
+    levels of ``expected`` (the quantizer producing the tensor before the rewrite), if known: when one difference
+    is not a whole number of these steps, no level of the original is the same there, so it is no near-tie, and
+    every difference is returned as real without running anything. Only quantized tensors (``step`` known) can have
+    near-ties. Returns the near-ties and the flat indices of the real differences."""
     if diff_indices.size == 0:
         return [], diff_indices
     a = np.asarray(actual, dtype=np.float64).reshape(-1)[diff_indices]
@@ -198,43 +216,54 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
         return [], diff_indices
     g = _per_element(grid_step, shape, diff_indices)
     if g is not None:
-        # a near-tie (by margin or by float64) gives a level of the original's quantizer, e + k·grid_step: an
-        # element whose difference is not a whole number of those steps is no near-tie, and then the tensor differs
-        # (found before any margin is worked out: a changed encoding, such as the XNOR rewrite's {-1, 1} -> {0, 1},
-        # differs by one step in every element, and each margin costs a Python call)
+        # a near-tie gives a level of the original's quantizer, e + k·grid_step: an element whose difference is not
+        # a whole number of those steps is no near-tie, and then the tensor differs (found before anything runs: a
+        # changed encoding, such as the XNOR rewrite's {-1, 1} -> {0, 1}, differs by one step in every element)
         with np.errstate(divide="ignore", invalid="ignore"):
             k = np.where(g > 0, (a - e) / g, 0.0)
         if ((g > 0) & ~(np.abs(k - np.rint(k)) <= 1e-3)).any():
             return [], diff_indices
     one_step = (st > 0) & (np.abs(np.abs(a - e) - st) <= 1e-5 * st)
-    by_margin: dict[int, tuple[Margin, str]] = {}
-    if int(one_step.sum()) <= MAX_NEAR_TIES:
-        for k in np.flatnonzero(one_step).tolist():
-            index = tuple(int(i) for i in np.unravel_index(int(diff_indices[k]), shape)) if shape else ()
-            for node, lookup in quantizers:
-                m = margin_at(node, lookup, index)
-                if m is not None and m.is_near(rtol) and (k not in by_margin or m.relative < by_margin[k][0].relative):
-                    by_margin[k] = (m, node.name or node.op_type)
-    unexplained = np.ones(diff_indices.shape, bool)
-    unexplained[list(by_margin)] = False
-    by_f64 = np.zeros(diff_indices.shape, bool)
-    if unexplained.any() and float64 is not None:
-        ref = float64()
-        if ref is not None and np.shape(ref) == tuple(shape):
-            f = np.asarray(ref, np.float64).reshape(-1)[diff_indices]
-            by_f64 = unexplained & (st > 0) & (np.abs(a - f) <= 1e-3 * st)  # the same level as float64
-    real = unexplained & ~by_f64
-    if real.any():
-        return [], diff_indices[real]
+    if not one_step.all():
+        return [], diff_indices[~one_step]  # the tensor differs: the one-step elements need no judging
+    if one_step.sum() > MAX_NEAR_TIES or sides64 is None:
+        return [], diff_indices
+    agree = _float64_agree(diff_indices, shape, a, e, st, sides64, float64)
+    if not agree.all():
+        return [], diff_indices[~agree]
     ties: list[NearTie] = []
     for k in range(diff_indices.size):
         index = tuple(int(i) for i in np.unravel_index(int(diff_indices[k]), shape)) if shape else ()
-        if k in by_margin:
-            m, node = by_margin[k]
-            ties.append(NearTie(tensor, sample, index, float(e[k]), float(a[k]), node, m, "margin"))
-        else:
-            ties.append(NearTie(tensor, sample, index, float(e[k]), float(a[k]), "", None, "float64"))
+        margin, node = None, ""
+        for q, lookup in quantizers:
+            m = margin_at(q, lookup, index)
+            if m is not None and (margin is None or m.relative < margin.relative):
+                margin, node = m, q.name or q.op_type
+        ties.append(NearTie(tensor, sample, index, float(e[k]), float(a[k]), node, margin, "float64"))
     return ties, diff_indices[:0]
+
+
+def _float64_agree(diff_indices: np.ndarray, shape: tuple[int, ...], a: np.ndarray, e: np.ndarray, st: np.ndarray,
+                   sides64: Callable[[], tuple[np.ndarray | None, np.ndarray | None]],
+                   float64: Callable[[], np.ndarray | None] | None) -> np.ndarray:
+    """Per differing element: True where float64 execution of the version before, of the version after and (where
+    it has the tensor) of the original give the same level, which is ``a`` or ``e`` (within a thousandth of a
+    step)."""
+    none = np.zeros(diff_indices.shape, bool)
+    before, after = sides64()
+    if before is None or after is None or np.shape(before) != tuple(shape) or np.shape(after) != tuple(shape):
+        return none
+    b64 = np.asarray(before, np.float64).reshape(-1)[diff_indices]
+    a64 = np.asarray(after, np.float64).reshape(-1)[diff_indices]
+    tol = 1e-3 * st
+    agree = (np.abs(b64 - a64) <= tol) & ((np.abs(a64 - a) <= tol) | (np.abs(a64 - e) <= tol))
+    if agree.any() and float64 is not None:
+        ref = float64()
+        if ref is not None:
+            if np.shape(ref) != tuple(shape):
+                return none
+            agree &= np.abs(np.asarray(ref, np.float64).reshape(-1)[diff_indices] - a64) <= tol
+    return agree
 
 
 def near_elements(node: Any, values: Callable[[str], np.ndarray | None], rtol: float, limit: int = 4

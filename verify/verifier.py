@@ -34,6 +34,7 @@ from verify.compare import TensorDiff, compare_tensor, is_integer_tensor, quant_
 from verify.reference import ReferenceData
 from verify.region import (Change, Fingerprints, Snapshot, ancestors, constant_tensors, descendants, find_change, hull,
                            node_label, node_signature, run_nodes, topo_order)
+from verify.real64 import Real64
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, QUANTIZER_OPS, NearTie, split_near_ties
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,9 @@ class Verifier:
         #: :meth:`_inherited`)
         self.accepted: dict[tuple[str, int], list[NearTie]] = {}
         self.values = self._full_values(model, initial=True)
+        #: per check: the float64 versions of the model before and after the pass, and their values by sample (the
+        #: version after, once accepted, is kept as "next": the next check's version before)
+        self._sides: dict[str, tuple[Real64, dict[int, dict[str, np.ndarray]]]] = {}
         self.snapshot = Snapshot.take(model, self.fps, copy=not private)
 
     # -- cache -------------------------------------------------------------------------------------------------
@@ -173,6 +177,36 @@ class Verifier:
                 return None
         return get
 
+    def _side64(self, side: str, model: Model, sample_index: int, name: str) -> np.ndarray | None:
+        """Tensor ``name`` of ``model`` (the version before the pass, ``side="before"``, or after it) on reference
+        sample ``sample_index`` in float64 execution of what the version means (:mod:`verify.real64`); None if it
+        cannot be computed."""
+        if side not in self._sides:
+            self._sides[side] = (Real64(model), {})
+        version, by_sample = self._sides[side]
+        if not by_sample:
+            by_sample.update({i: {} for i in range(len(self.sample_ids))})
+        if name not in by_sample[sample_index]:
+            try:  # for every probe sample at once (one executor): the other samples ask next
+                version.values_of([self.reference.sample(i) for i in self.sample_ids], [name],
+                                  [by_sample[i] for i in range(len(self.sample_ids))])
+            except Exception as exc:  # noqa: BLE001 - without float64 evidence no near-tie is accepted
+                log.warning("no float64 run of the %s side for near-tie classification: %s", side, exc)
+                return None
+        return by_sample[sample_index].get(name)
+
+    def _sides64(self, model: Model, sample_index: int, name: str, perm: tuple[int, ...] | None
+                 ) -> Callable[[], tuple[np.ndarray | None, np.ndarray | None]]:
+        """The float64 values of tensor ``name`` before and after the pass (the after side in the before side's
+        layout), computed when first asked."""
+        def get() -> tuple[np.ndarray | None, np.ndarray | None]:
+            before = self._side64("before", self.snapshot.model, sample_index, name)
+            after = self._side64("after", model, sample_index, name)
+            if after is not None and perm is not None:
+                after = np.transpose(after, perm)
+            return before, after
+        return get
+
     # -- checking ----------------------------------------------------------------------------------------------
     def check(self, model: Model, policy: Policy) -> CheckOutcome:
         """Compare ``model`` with the cached version under ``policy``; nothing is updated.
@@ -187,6 +221,8 @@ class Verifier:
         This repeats until the differing tensors stay inside the region (the values re-converge: a change of
         encoding, as an XNOR rewrite makes) or a graph output differs (a failure)."""
         self.fps.new_generation()
+        # the float64 runs of the version checked last, if it was accepted, serve as this check's "before" side
+        self._sides = {"before": self._sides.pop("next")} if "next" in self._sides else {}
         if isinstance(policy, Metric):
             return self._check_metric(model, policy)
         change = find_change(self.snapshot, model, self.fps, self.values[0].keys())
@@ -426,7 +462,8 @@ class Verifier:
             quantizers.append((before_node, _lookup(old, None, before)))
         ties, real = split_near_ties(diff.bad, diff.shape, actual, old[name], tensor=name, sample=s, step=step,
                                      quantizers=quantizers, rtol=self.near_tie_rtol,
-                                     float64=self._float64(s, name), grid_step=quant_step(before, name))
+                                     float64=self._float64(s, name), grid_step=quant_step(before, name),
+                                     sides64=self._sides64(model, s, name, perm))
         if real.size and self.accepted:
             ties, real = self._inherited(model, name, diff.shape, actual, old[name], s, ties, real)
         if self.reject_ties and ties:
@@ -515,6 +552,8 @@ class Verifier:
                 group = self.accepted.setdefault((key, int(t.sample)), [])
                 if not any(u.expected == t.expected and u.actual == t.actual and u.index == t.index for u in group):
                     group.append(t)
+        after = self._sides.get("after")
+        self._sides = {"next": after} if after is not None else {}  # the next check's version before (see check)
         signatures = outcome.change.signatures if outcome.change is not None and outcome.change.signatures else None
         self.snapshot = Snapshot.take(model, self.fps, signatures, copy=not private)
         self.fps.retain(self.snapshot.model)

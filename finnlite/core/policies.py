@@ -15,10 +15,10 @@ easily with one of the decorators::
 Three rules hold under every policy:
 
 * tensors annotated with an integer datatype (in the model before or after the pass) compare exactly;
-* a one-step difference of a quantizer's output at a float32 near-tie (the quantizer's input within a relative
-  ``near_tie_rtol`` of a decision boundary, in a comparison that is not between integers; or the new value equal to
-  the float64 execution of the original) is a *near-tie*, reported with its margin, not a failure — unless the
-  policy says ``near_ties=False``;
+* a one-step difference of a quantizer's output at a float32 near-tie (float64 execution of the version before
+  the pass, of the version after it and, where it has the tensor, of the original give the same level there:
+  :mod:`verify.ties`) is a *near-tie*, reported with its margin, not a failure — unless the policy says
+  ``near_ties=False``;
 * a pass that changes nothing is not checked.
 """
 

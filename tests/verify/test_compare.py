@@ -95,47 +95,63 @@ def test_bipolar_annotated_tensor_has_step_two() -> None:
     assert quant_step(model, "out") == 2.0
 
 
-def test_float64_reference_is_consulted_only_where_it_could_explain() -> None:
-    """split_near_ties asks the original's float64 run only when every unexplained difference is a whole number
-    of the cached value's steps (its grid, grid_step): float64's value is one of those levels, so an element off
-    that grid differs whatever it says. The verdict is the same either way."""
+def test_float64_runs_are_consulted_only_where_they_could_explain() -> None:
+    """split_near_ties runs the float64 sides only when every difference is one step and a whole number of the
+    cached value's steps (its grid, grid_step): float64's value is one of those levels, so an element off that grid
+    differs whatever it says. A one-step difference is a near-tie only where float64 execution of the version
+    before, of the version after and (where it has the tensor) of the original agree on a level of the two."""
     from verify.ties import split_near_ties
 
     calls = []
 
-    def float64_of(values):
-        return lambda: calls.append(1) or values
+    def sides(before, after):
+        return lambda: calls.append(1) or (before, after)
 
     expected = np.array([-1.0, 1.0, 1.0, -1.0])
     encoded = np.array([0.0, 1.0, 1.0, 0.0])  # the same signs as {0, 1}: no level of a {-1, 1} tensor
     diff = np.array([0, 3])
     args = dict(tensor="t", sample=0, step=1.0, quantizers=[], rtol=1e-5)
-    ties, real = split_near_ties(diff, (4,), encoded, expected, float64=float64_of(encoded), grid_step=2.0, **args)
+    ties, real = split_near_ties(diff, (4,), encoded, expected, sides64=sides(encoded, encoded), grid_step=2.0,
+                                 **args)
     assert ties == [] and real.tolist() == [0, 3] and calls == []
-    # without the grid, float64 runs (and here, fed values that agree, would excuse the elements)
-    ties, real = split_near_ties(diff, (4,), encoded, expected, float64=float64_of(encoded), **args)
-    assert calls == [1] and real.size == 0 and len(ties) == 2
-    # a whole step away (a real flip of a level): float64 decides
+    # without the grid, the float64 sides run (and here, agreeing on the new values, excuse the elements)
+    ties, real = split_near_ties(diff, (4,), encoded, expected, sides64=sides(encoded, encoded), **args)
+    assert calls == [1] and real.size == 0 and [t.evidence for t in ties] == ["float64", "float64"]
     flipped = np.array([1.0, 1.0, 1.0, 1.0])
-    ties, real = split_near_ties(diff, (4,), flipped, expected, float64=float64_of(expected), grid_step=2.0, **args)
-    assert calls == [1, 1] and real.tolist() == [0, 3] and ties == []
-    ties, real = split_near_ties(diff, (4,), flipped, expected, float64=float64_of(flipped), grid_step=2.0, **args)
-    assert calls == [1, 1, 1] and real.size == 0 and [t.evidence for t in ties] == ["float64", "float64"]
+    step2 = dict(args, step=2.0)
+    # a whole step away (a level flipped): both float64 sides must give the same level
+    ties, real = split_near_ties(diff, (4,), flipped, expected, sides64=sides(flipped, flipped), grid_step=2.0,
+                                 **step2)
+    assert calls == [1, 1] and real.size == 0 and len(ties) == 2
+    ties, real = split_near_ties(diff, (4,), flipped, expected, sides64=sides(expected, flipped), grid_step=2.0,
+                                 **step2)
+    assert real.tolist() == [0, 3] and ties == []
+    # the original's float64 run, where it has the tensor, must agree too
+    ties, real = split_near_ties(diff, (4,), flipped, expected, sides64=sides(flipped, flipped), grid_step=2.0,
+                                 float64=lambda: expected, **step2)
+    assert real.tolist() == [0, 3] and ties == []
+    # float64 sides that agree on a third level explain neither value
+    third = np.array([3.0, 1.0, 1.0, 3.0])
+    ties, real = split_near_ties(diff, (4,), flipped, expected, sides64=sides(third, third), grid_step=2.0, **step2)
+    assert real.tolist() == [0, 3] and ties == []
 
 
-def test_off_grid_differences_are_real_before_any_margin_is_worked_out(monkeypatch) -> None:
-    """A difference that is not a whole number of the cached value's steps is no near-tie by margin either: no
-    margin is computed (one Python call per element), and every difference is real."""
+def test_a_margin_alone_never_makes_a_near_tie(monkeypatch) -> None:
+    """Without float64 evidence a one-step difference is real, however near its input is to a boundary (an
+    accumulator next to a threshold off by one looks the same); and off the grid no margin is even computed."""
     import verify.ties
-    from verify.ties import split_near_ties
+    from verify.ties import Margin, split_near_ties
 
     asked = []
-    monkeypatch.setattr(verify.ties, "margin_at", lambda node, values, index: asked.append(index))
+    near = Margin(7.5, 7.5, 0.0, False)
+    monkeypatch.setattr(verify.ties, "margin_at", lambda node, values, index: asked.append(index) or near)
     expected = np.array([-1.0, 1.0, 1.0, -1.0])
-    encoded = np.array([0.0, 1.0, 1.0, 0.0])  # one step of 1 from each expected value: a margin would be asked
+    encoded = np.array([0.0, 1.0, 1.0, 0.0])
     diff = np.array([0, 3])
     args = dict(tensor="t", sample=0, step=1.0, quantizers=[(object(), lambda name: None)], rtol=1e-5)
     ties, real = split_near_ties(diff, (4,), encoded, expected, grid_step=2.0, **args)
     assert ties == [] and real.tolist() == [0, 3] and asked == []
-    ties, real = split_near_ties(diff, (4,), encoded, expected, **args)  # no grid known: the margins are asked
-    assert ties == [] and real.tolist() == [0, 3] and asked == [(0,), (3,)]
+    ties, real = split_near_ties(diff, (4,), encoded, expected, **args)
+    assert ties == [] and real.tolist() == [0, 3]
+    ties, real = split_near_ties(diff, (4,), encoded, expected, sides64=lambda: (None, encoded), **args)
+    assert ties == [] and real.tolist() == [0, 3]

@@ -115,7 +115,7 @@ def test_per_pass_near_tie_is_accepted_and_reported() -> None:
     tie = ties[0]
     assert (tie.tensor, tie.sample, tie.index) == ("out", 0, (0, 5))
     assert tie.expected == pytest.approx(0.8) and tie.actual == pytest.approx(0.7)
-    assert tie.node == "q0" and tie.evidence == "margin"
+    assert tie.node == "q0" and tie.evidence == "float64"
     assert tie.margin.value == 7.5 and tie.margin.relative < 1e-7 and not tie.margin.exact
     assert "relative margin" in tie.describe()
 
