@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from typing import Any
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -81,6 +83,36 @@ def test_counts_against_real_thresholds_are_exact_at_float64_points(seed: int) -
     x = np.array([points, points], np.float64)
     expected = [[sum(1 for r, st in zip(real[c], strict[c]) if (Fraction(v) > r if st else Fraction(v) >= r))
                  for v in x[c]] for c in range(2)]
+    assert rt.count_passed(x).tolist() == expected
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_counts_by_binary_search_equal_counting_every_threshold(seed: int) -> None:
+    """``count_passed`` searches sorted estimates: unsorted and repeated thresholds, ±∞ ones, one row broadcast to
+    three channels, points on, just beside and far from the thresholds, and NaN (passes none) — against a count
+    of every threshold in Fractions."""
+    rng = np.random.default_rng(seed)
+    s = Fraction(float(np.float32(rng.uniform(0.01, 2.0))))
+    ks = rng.integers(-300, 300, size=40)
+    ks[:6] = ks[6:12]  # repeated thresholds
+    base = np.array([[float(s * int(k)) + 0.5 * float(s) for k in ks]])
+    base[0, 12], base[0, 13] = -np.inf, np.inf
+    strict = rng.random((1, 40)) < 0.5
+    beta = Fraction(int(rng.integers(-5, 5)), 3)
+    rt = RealThresholds(base, strict, alpha=[s], beta=[beta])
+    real = rt.real[0]
+    pts = [float(r) for r in real if r not in (np.inf, -np.inf)]
+    pts = pts + [np.nextafter(p, np.inf) for p in pts] + [np.nextafter(p, -np.inf) for p in pts]
+    pts += list(rng.uniform(-400, 400, 50)) + [np.nan, np.inf, -np.inf]
+    x = np.array([pts, pts[::-1], pts], np.float64)
+
+    def passes(v: float, r: Any, st: bool) -> bool:
+        if np.isnan(v):
+            return False
+        if r in (np.inf, -np.inf) or v in (np.inf, -np.inf):
+            return v > r if st else v >= r
+        return Fraction(v) > r if st else Fraction(v) >= r
+    expected = [[sum(passes(v, r, bool(st)) for r, st in zip(real, strict[0])) for v in row] for row in x]
     assert rt.count_passed(x).tolist() == expected
 
 
