@@ -495,6 +495,25 @@ def get_real_thresholds(node: Any) -> RealThresholds | None:
     return rt
 
 
+def encoded_real_thresholds(node: Any, stored: np.ndarray) -> RealThresholds | None:
+    """The real thresholds ``node`` carries, if its ``stored`` thresholds (``[C, N]``) are their float32 form (the
+    least float32 ``T ≥ R``, or within two float32 steps of it: a quantizer's conversion is bit-exact with the
+    float32 quantizer, which rounds ``x/s``); else None, so that a rewrite that changed the thresholds without their
+    metadata is judged by what it stored."""
+    rt = get_real_thresholds(node)
+    stored = np.asarray(stored)
+    if rt is None or stored.ndim != 2 or rt.shape[1] != stored.shape[1] or rt.shape[0] not in (1, stored.shape[0]):
+        return None
+    try:
+        t32 = np.broadcast_to(rt.float_thresholds(np.float32), stored.shape).astype(np.float64)
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return None
+    s32 = stored.astype(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        near = np.abs(s32 - t32) <= 2 * np.spacing(np.abs(t32.astype(np.float32))).astype(np.float64)
+    return rt if ((s32 == t32) | near).all() else None
+
+
 def set_real_thresholds(node: Any, rt: RealThresholds | None) -> None:
     """Store (or, with None, remove) the real thresholds on an ``onnx_ir`` node."""
     if rt is None:

@@ -43,7 +43,7 @@ from finnlite.core.shapes import const_array
 from verify.compare import is_integer_tensor
 from verify.proofs import _QUANTIZERS, RESIDUAL32, AffineFit, _quantize, _step, fit_affine, prove_levels
 from streamline.exact import EXACT_KEY
-from streamline.real_thresholds import get_real_thresholds
+from streamline.real_thresholds import encoded_real_thresholds
 from verify.region import node_label
 
 log = logging.getLogger(__name__)
@@ -82,23 +82,13 @@ def _attr(node: Any, name: str, default: Any) -> Any:
 
 def _real_form(old: Any, stored: np.ndarray) -> Any:
     """The real thresholds ``R`` (:mod:`streamline.real_thresholds`) that the old MultiThreshold's stored ones
-    encode, or None. A node made from a quantizer stores the least float32 ``T ≥ R`` (conversion makes it
-    bit-exact with the float32 quantizer, which rounds ``x/s``: within two float32 steps of that): ``x ≥ T`` decides
-    ``x ≥ R`` for every float32 ``x``, but the fit maps an integer to a float64 value, which can lie between ``R``
-    and ``T`` (an accumulator near 2^19 times a scale: a float32 step there is 2^-8). What the pass must keep is the
-    real-number meaning, which the rewritten node is made from: where the stored thresholds are its float32 form,
-    the old node's levels are counted against ``R`` itself. None without real thresholds, or with others."""
-    rt = get_real_thresholds(old)
-    if rt is None or rt.shape[1] != stored.shape[1] or rt.shape[0] not in (1, stored.shape[0]):
-        return None
-    try:
-        t32 = np.broadcast_to(rt.float_thresholds(np.float32), stored.shape)
-    except (ValueError, OverflowError, ZeroDivisionError):
-        return None
-    s32 = np.asarray(stored, np.float32)
-    with np.errstate(invalid="ignore"):
-        gap = np.abs(s32.astype(np.float64) - t32) <= 2 * np.spacing(np.abs(t32)).astype(np.float64)
-    return rt if ((s32 == t32) | gap).all() else None
+    encode, or None. A node made from a quantizer stores the least float32 ``T ≥ R``: ``x ≥ T`` decides ``x ≥ R``
+    for every float32 ``x``, but the fit maps an integer to a float64 value, which can lie between ``R`` and ``T``
+    (an accumulator near 2^19 times a scale: a float32 step there is 2^-8). What the pass must keep is the
+    real-number meaning, which the rewritten node is made from: where the stored thresholds are its float32 form
+    (:func:`~streamline.real_thresholds.encoded_real_thresholds`), the old node's levels are counted against ``R``
+    itself."""
+    return encoded_real_thresholds(old, stored)
 
 
 def _old_levels(old: Any, before: Model, channels: int, rest: int) -> tuple[Any, np.ndarray] | None:

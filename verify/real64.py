@@ -26,7 +26,7 @@ import numpy as np
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.model import Model
 from streamline.exact import EXACT_KEY, const_operand, exact_value
-from streamline.real_thresholds import get_real_thresholds
+from streamline.real_thresholds import encoded_real_thresholds
 from verify.clone import clone_model
 from verify.region import constant_tensors, run_nodes, topo_order
 
@@ -38,6 +38,19 @@ __all__ = ["Real64"]
 def _exact64(values: np.ndarray) -> np.ndarray:
     return np.asarray([float(v) for v in np.asarray(values, dtype=object).ravel()],
                       dtype=np.float64).reshape(np.shape(values))
+
+
+def _rounds_to(exact: np.ndarray, stored: np.ndarray) -> bool:
+    """Whether the float32 roundings of the ``exact`` values are the ``stored`` constant, to one float32 step (the
+    rounding through float64 may differ from the direct one by a step)."""
+    rounded = _exact64(exact).astype(np.float32).ravel()
+    value = np.asarray(stored, np.float32).ravel()
+    if rounded.size != value.size:
+        if rounded.size != 1 and value.size != 1:
+            return False
+        rounded, value = np.broadcast_arrays(rounded, value)
+    with np.errstate(invalid="ignore"):
+        return bool(((rounded == value) | (np.abs(rounded - value) <= np.spacing(np.abs(value)))).all())
 
 
 class Real64:
@@ -60,7 +73,10 @@ class Real64:
             if c is None:
                 return
             index, value = c
-            exact = _exact64(exact_value(node, value))
+            fractions = exact_value(node, value)
+            if not _rounds_to(fractions, value):
+                return  # a constant changed without its exact value: run what is stored
+            exact = _exact64(fractions)
             if exact.size != np.size(value):
                 exact = np.broadcast_to(exact, np.shape(value))
             node.replace_input_with(index, copy.add_initializer(exact.reshape(np.shape(value)),
@@ -68,13 +84,11 @@ class Real64:
         elif node.op_type == "MultiThreshold" and len(node.inputs) > 1 and node.inputs[1] is not None:
             if is_integer_type(copy.get_tensor_datatype(node.inputs[0].name)):
                 return  # integer thresholds decide an integer input exactly
-            rt = get_real_thresholds(node)
             t = copy.get_initializer(node.inputs[1].name)
-            if rt is None or t is None or np.ndim(t) != 2 or rt.shape[1] != np.shape(t)[1]:
-                return
+            rt = encoded_real_thresholds(node, t) if t is not None else None
+            if rt is None:
+                return  # no real thresholds, or stored ones that are not their float32 form: run what is stored
             rows = np.shape(t)[0]
-            if rt.shape[0] not in (1, rows) and rows != 1:
-                return
             t64 = rt.float_thresholds(np.float64)
             if t64.shape[0] != rows:
                 t64 = np.broadcast_to(t64, (max(rows, t64.shape[0]), t64.shape[1])).copy()

@@ -26,10 +26,6 @@ _LAYERWISE = ("impossible exactly, and finnlite streamline says so at the node w
               "(verify.grid_cause): Brevitas' layerwise backend quantizes only layer inputs, so {what}; the change: "
               "the fx backend (which quantizes layer outputs and requantizes residual Adds) or power-of-two scales, "
               "as ptq_mobilenetv2_layerwise_w4a4_pt_po2, which passes")
-_PER_PASS = ("the per-pass check of AbsorbMulIntoMultiThreshold compares the float32 state before it, whose "
-             "accumulators near 2^19 round, with the exact thresholds after it and reports a level change (issue 33's "
-             "'from integer input N to N+1' symptom, fixed on branch trust-root); with the final check alone the model "
-             "is integer-only and agrees with float64 on every input{more}")
 
 #: model -> why it does not pass yet (checked: an entry that passes makes its test fail)
 KNOWN_GAPS: dict[str, str] = {
@@ -40,17 +36,10 @@ KNOWN_GAPS: dict[str, str] = {
              "near-ties, which the proofs report"),
     "ptq_squeezenet11_layerwise_w8a8_pc_float": _LAYERWISE.format(
         what="the classifier's off-grid bias (scale fl32(s_in·s_w)) is followed by a ReLU and the global mean with "
-             "no quantizer: Add, Relu, ReduceMean stay float at the output") + "; the per-pass checks also stop it "
-        "earlier, at AbsorbAddIntoMultiThreshold on the float32 state of a MaxPool of accumulators near 2^19 (the "
-        "symptom fixed on branch trust-root)",
-    "ort_cnn_u8asym_pc": _PER_PASS.format(
-        more=" (with main's self-healing the rewrite is declined instead and its Mul stays float)"),
-    "ort_resnet18_s8sym_pc": _PER_PASS.format(more=""),
-    "ort_resnet18_u8asym_pc": _PER_PASS.format(more=""),
-    "ptq_mobilenetv2_fx_w8a8_pc_float": _PER_PASS.format(more=""),
-    "ptq_resnet18_fx_w8a8_pt_float": _PER_PASS.format(
-        more="; with trust-root's fix, ConvertToNHWC's check then reports one element of a residual Add off by one "
-             "(a float32 near-tie of the state before lowering, as in the resnet_cifar reproducer)"),
+             "no quantizer: Add, Relu, ReduceMean stay float at the output"),
+    "ptq_resnet18_fx_w8a8_pt_float": "ConvertToNHWC's per-pass check reports one element of a residual Add off by "
+        "one: a float32 near-tie of the state before lowering (as in the resnet_cifar reproducer), which the check "
+        "does not yet settle in float64 there; the whole lowering pass is declined and its Transposes stay",
 }
 
 

@@ -182,3 +182,22 @@ def test_power_of_two_rows_materialize_exactly_without_fractions(seed):
         want = math.floor(r) + 1 if s else math.ceil(r)
         assert got_int[c, m] == want, (c, m, r, s)
         assert got_f32[c, m] == _least_float(r.numerator, r.denominator, s), (c, m, r, s)
+
+
+def test_real_thresholds_count_only_where_the_stored_ones_encode_them():
+    """``encoded_real_thresholds``: a node's real thresholds are what it means while its stored thresholds are
+    their float32 form; a rewrite that changed the stored ones (and not the metadata) is judged by what it stored."""
+    import onnx_ir as ir
+
+    from streamline.real_thresholds import encoded_real_thresholds, set_real_thresholds
+
+    rt = RealThresholds(np.array([[0.5, 1.5, 2.5], [-1.0, 0.25, 3.0]]), np.zeros((2, 3), bool),
+                        alpha=[Fraction(3, 7), Fraction(1, 3)], beta=[Fraction(1, 5), 0])
+    node = ir.Node("qonnx.custom_op.general", "MultiThreshold", inputs=[])
+    assert encoded_real_thresholds(node, rt.float_thresholds()) is None  # no metadata
+    set_real_thresholds(node, rt)
+    stored = rt.float_thresholds()
+    assert encoded_real_thresholds(node, stored) is not None
+    assert encoded_real_thresholds(node, np.nextafter(stored, np.float32(np.inf))) is not None  # a step: a near-tie
+    assert encoded_real_thresholds(node, stored + 3) is None
+    assert encoded_real_thresholds(node, stored[:, :2]) is None
