@@ -2,7 +2,7 @@
 
 Run with the side environment (torch + brevitas), never imported by finnlite's tests:
 
-    /work/side/venv/bin/python tests/corpus/export.py [--only NAME ...] [--cache DIR]
+    $SIDE_PYTHON tests/corpus/export.py [--only NAME ...] [--cache DIR]
 
 Every model is exported twice, with ``export_qonnx(..., dynamo=True)`` (torch.export) and with the TorchScript
 exporter (``dynamo=False``); the file names end in ``_dyn`` and ``_ts``. A failing exporter is recorded in the

@@ -2,7 +2,7 @@
 
 Run with the side environment that has torch and brevitas (finnlite itself never imports them)::
 
-    /work/side/venv/bin/python tests/corpus/export_imagenet.py [--out DIR] [--models NAME ...] [--dynamo]
+    $SIDE_PYTHON tests/corpus/export_imagenet.py [--out DIR] [--models NAME ...] [--dynamo]
 
 Each network comes from ``brevitas_examples.imagenet_classification`` untrained (``pretrained=False``), with
 the layers' own random weights (PyTorch's initialisation after ``torch.manual_seed(seed)``) and every BatchNorm

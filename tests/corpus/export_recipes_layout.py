@@ -2,7 +2,7 @@
 
 Run with the side environment (torch + brevitas), never imported by finnlite's tests:
 
-    /work/side/venv/bin/python tests/corpus/export_recipes_layout.py [--only NAME ...] [--cache DIR]
+    $SIDE_PYTHON tests/corpus/export_recipes_layout.py [--only NAME ...] [--cache DIR]
 
 As ``tests/corpus/export.py`` does (and with its helpers): every model is exported with
 ``export_qonnx(..., dynamo=True)`` (files ``*_dyn.onnx``) and with the TorchScript exporter (``*_ts.onnx``); a

@@ -2,7 +2,7 @@
 
 Run with the side environment (torch, brevitas, onnxruntime, scikit-learn), never imported by finnlite's tests:
 
-    /work/side/venv/bin/python tests/corpus/export_recipes_ptq.py [--only NAME ...] [--cache DIR]
+    $SIDE_PYTHON tests/corpus/export_recipes_ptq.py [--only NAME ...] [--cache DIR]
 
 1. **Brevitas graph-mode PTQ** of torchvision architectures, as ``brevitas_examples.imagenet_classification.ptq``
    does it: ``preprocess_for_quantize`` (BatchNorm merged, 20 iterations of graph equalization with bias merging),

@@ -3,7 +3,7 @@
 Run with the side environment that has torch and brevitas (finnlite itself never imports them), one export at a
 time::
 
-    /work/side/venv/bin/python tests/corpus/export_repro_recipes.py [--out DIR] [--recipes resnet_cifar proxyless]
+    $SIDE_PYTHON tests/corpus/export_repro_recipes.py [--out DIR] [--recipes resnet_cifar proxyless]
         [--seeds 0-19] [--full-seeds 0-2]
 
 The recipes are those of the reproducers' README (``resnet_cifar.onnx`` and ``proxylessnas_4b.onnx``):

@@ -78,7 +78,7 @@ def _models() -> dict[str, dict[str, Any]]:
                 models[f"{name}_pre"] = {"path": path, "range": None, "pre": True}
     for name in CACHED_PREPROCESSED:
         path = cache_dir() / f"{name}.onnx"
-        missing = None if path.is_file() else (f"{path} not found: export it with '/work/side/venv/bin/python "
+        missing = None if path.is_file() else (f"{path} not found: export it with '$SIDE_PYTHON "
                                                "tests/corpus/export_imagenet.py' or set FINNLITE_CORPUS")
         models[f"{name}_pre"] = {"path": path, "range": None, "pre": True, "missing": missing}
     for name, entry in sorted(committed_entries().items()):
