@@ -11,19 +11,16 @@ rule's ``on_rewrite`` callback names the nodes it matched. The command line is `
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import onnx_ir as ir
-
 from finnlite.core.model import Model, as_model
 from finnlite.core.passes import Pass, PassManager, PassRecord, Rule, Stage, _instantiate
 from finnlite.core.policies import DEFAULT_POLICY, Policy, resolve_policy
+from verify.heal import describe_match
 from verify.hook import PassVerificationError, VerificationHook
 from verify.reference import ReferenceData
-from verify.region import node_label
 from verify.ties import DEFAULT_NEAR_TIE_RTOL
 from verify.verifier import CheckOutcome
 
@@ -62,20 +59,6 @@ class BisectResult:
         elif self.error is not None:
             lines.append(f"  {self.error}")
         return "\n".join(lines)
-
-
-def _describe_match(match: Any) -> str:
-    if isinstance(match, ir.Node):
-        return f"{match.op_type} '{node_label(match)}'"
-    if dataclasses.is_dataclass(match) and not isinstance(match, type):  # a rule's match record: its fields
-        match = [getattr(match, f.name) for f in dataclasses.fields(match)]
-    if isinstance(match, dict):
-        match = list(match.values())
-    if isinstance(match, (list, tuple)):
-        parts = [_describe_match(x) for x in match if isinstance(x, (ir.Node, list, tuple, dict))]
-        if parts:
-            return ", ".join(parts)
-    return repr(match)[:120]
 
 
 def _trial(rule: Rule, before: Model, k: int) -> tuple[Model, list[Any]]:
@@ -160,5 +143,5 @@ def _bisect_rule(rule: Rule, policy: Policy, hook: VerificationHook, total: int 
             lo = mid + 1
     outcome, matches = cache[lo]
     result.rewrite, result.rewrites = lo, total
-    result.match = _describe_match(matches[lo - 1]) if len(matches) >= lo else None
+    result.match = describe_match(matches[lo - 1]) if len(matches) >= lo else None
     result.message, result.node, result.tensor = outcome.message, outcome.node, outcome.tensor

@@ -100,8 +100,8 @@ def test_bisect_of_a_stage_checked_as_a_whole_reapplies_the_pass_it_names(caplog
 
 def test_a_match_record_is_described_by_its_nodes() -> None:
     from streamline.absorb import LinearIntoThresholds
-    from verify.bisect import _describe_match
+    from verify.heal import describe_match
     import onnx_ir as ir
 
     mt, add = ir.Node("qonnx.custom_op.general", "MultiThreshold", [], name="mt"), ir.Node("", "Add", [], name="a")
-    assert _describe_match(LinearIntoThresholds(mt, add, 1, np.array([1.0]), 1)) == "MultiThreshold 'mt', Add 'a'"
+    assert describe_match(LinearIntoThresholds(mt, add, 1, np.array([1.0]), 1)) == "MultiThreshold 'mt', Add 'a'"
