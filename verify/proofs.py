@@ -377,7 +377,6 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
     if not matches:
         return []
     ranges = ranges if ranges is not None else derived_ranges(model)
-    issues: list[ProofIssue] = []
     wanted = {mt.z for mt in matches}
     outs = set(original.output_names)
     values: dict[str, list[dict[str, np.ndarray]]] = {}
@@ -418,11 +417,7 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
         if _per_position_bias(model, mt.a):
             continue  # AbsorbBorderIntoThresholds: L·a + d[position] crosses the thresholds where the original does at
             # every position, but is not one affine map per channel; the rule checked its thresholds exactly
-        lohi = ranges.get(mt.a)
-        if lohi is None:
-            dt = model.get_tensor_datatype(mt.a)
-            lohi = (float(dt.min()), float(dt.max()), True, True)
-        lo, hi = float(np.ceil(lohi[0])), float(np.floor(lohi[1]))
+        lo, hi = _integer_range(model, ranges, mt.a)
         # float32 first (onnxruntime: fast); float64 only where float32 disagrees (after the loop)
         z32 = original_z("float32")
         fit32 = fit_affine(a3, z32, relu=mt.relu_inside)
@@ -433,10 +428,28 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
         wrong32 = _prove(mt, original, thr, fit32, lo, hi, a.ndim - 2) if lo <= hi else {}
         if bad or wrong32:
             pending.append(_Pending(mt, nhwc, a3, thr, fit32, bad, wrong32, lo, hi, a.ndim - 2, maps))
-    if not pending:
-        return issues
-    # the layers alone in float64 from the original's float32 levels before them (a small model); what that does
-    # not settle, against the whole original run in float64
+    return _settle(pending, model, original, reference, samples, sample_ids, lambda: original_values("float64"),
+                   proved_layers) if pending else []
+
+
+def _integer_range(model: Model, ranges: dict[str, tuple[float, float, bool, bool]], a: str) -> tuple[float, float]:
+    """The integers ``[lo, hi]`` tensor ``a`` can take: its derived range, else its datatype's."""
+    lohi = ranges.get(a)
+    if lohi is None:
+        dt = model.get_tensor_datatype(a)
+        lohi = (float(dt.min()), float(dt.max()), True, True)
+    return float(np.ceil(lohi[0])), float(np.floor(lohi[1]))
+
+
+def _settle(pending: list["_Pending"], model: Model, original: Model, reference: Any, samples: Sequence[dict],
+            sample_ids: Sequence[int], float64: Callable[[], list[dict[str, np.ndarray]]],
+            proved_layers: set[str] | None) -> list[ProofIssue]:
+    """The issues of the MultiThresholds the float32 proof left ``pending``, decided on float64 values of the
+    original's accumulators: first the layers alone in float64 from the original's float32 levels before them (a
+    small model); what that does not settle, against the whole original run in float64 (``float64()``, on the
+    samples where no float layer of the model met a near-tie). A fault in the accumulator of a layer whose weights
+    are proved (``proved_layers``) is its input's on the samples, which the outputs' comparison judges."""
+    issues: list[ProofIssue] = []
     local = float64_from_levels(reference, sorted({p.mt.z for p in pending}), list(sample_ids))
     clean: np.ndarray | None = None
     for p in pending:
@@ -446,8 +459,7 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
         if local is None or issue is not None:
             if clean is None:  # samples on which a float layer of the model met a near-tie are left out
                 clean = _clean_samples(model, reference, samples, sample_ids)
-            issue = _verdict(p, model, original, p.mt.ordered([v[p.mt.z] for v in original_values("float64")]),
-                             clean)
+            issue = _verdict(p, model, original, p.mt.ordered([v[p.mt.z] for v in float64()]), clean)
         producer = model.find_producer(p.mt.a)
         if issue is not None and issue.tensor == p.mt.a and proved_layers and producer is not None and node_label(
                 producer) in proved_layers:
