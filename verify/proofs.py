@@ -11,7 +11,9 @@ datatype annotation, or the range derived from the graph: :func:`verify.annotati
    ``B_c`` are fitted by least squares on the reference samples (``a`` from the streamlined model, ``z`` from the
    original run in float64) and every residual must be below :data:`RESIDUAL` of an accumulator step. A changed
    weight element changes ``a`` by ``δ·x_k`` where the input ``x_k`` is not 0: a residual of about a step (seen
-   whenever a channel's accumulator takes three or more values on the samples).
+   whenever a channel's accumulator takes three or more values on the samples). Where the samples do not determine
+   the map (a channel's accumulator takes one value on them, as on a narrow input range), ``A_c``, ``B_c`` are those
+   the MultiThreshold's real thresholds record (:mod:`verify.derived_map`), if they reproduce every sample.
 2. **The thresholds are the original's, on every integer input.** With ``A_c``, ``B_c``, the original quantizer
    (its own kernel, in float64) and the streamlined thresholds ``#{k : a ≥ T[c, k]}`` are two monotone step
    functions of the integer ``a``; they are equal on ``[lo, hi]`` up to the naming of their levels exactly when
@@ -44,6 +46,7 @@ from finnlite.core.model import Model
 from finnlite.core.shapes import const_array
 from verify.annotations import derived_ranges
 from verify.compare import is_integer_tensor
+from verify.derived_map import DerivedMap, derived_maps
 from verify.region import node_label
 from verify.tail import float64_from_levels
 from verify.ties import is_bipolar
@@ -374,7 +377,6 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
     if not matches:
         return []
     ranges = ranges if ranges is not None else derived_ranges(model)
-    issues: list[ProofIssue] = []
     wanted = {mt.z for mt in matches}
     outs = set(original.output_names)
     values: dict[str, list[dict[str, np.ndarray]]] = {}
@@ -415,21 +417,39 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
         if _per_position_bias(model, mt.a):
             continue  # AbsorbBorderIntoThresholds: L·a + d[position] crosses the thresholds where the original does at
             # every position, but is not one affine map per channel; the rule checked its thresholds exactly
-        lohi = ranges.get(mt.a)
-        if lohi is None:
-            dt = model.get_tensor_datatype(mt.a)
-            lohi = (float(dt.min()), float(dt.max()), True, True)
-        lo, hi = float(np.ceil(lohi[0])), float(np.floor(lohi[1]))
+        lo, hi = _integer_range(model, ranges, mt.a)
         # float32 first (onnxruntime: fast); float64 only where float32 disagrees (after the loop)
-        fit32 = fit_affine(a3, original_z("float32"), relu=mt.relu_inside)
+        z32 = original_z("float32")
+        fit32 = fit_affine(a3, z32, relu=mt.relu_inside)
         bad = [int(c) for c in np.flatnonzero(fit32.ok & (fit32.resid > RESIDUAL32))]
+        # where the samples do not determine the map, the one the thresholds record (verify.derived_map)
+        maps = _derived(mt, original, a3.shape[1], a.ndim - 2) if not fit32.ok.all() else []
+        apply_derived(fit32, maps, a3, z32, mt.relu_inside, RESIDUAL32, lo, hi)
         wrong32 = _prove(mt, original, thr, fit32, lo, hi, a.ndim - 2) if lo <= hi else {}
         if bad or wrong32:
-            pending.append(_Pending(mt, nhwc, a3, thr, fit32, bad, wrong32, lo, hi, a.ndim - 2))
-    if not pending:
-        return issues
-    # the layers alone in float64 from the original's float32 levels before them (a small model); what that does
-    # not settle, against the whole original run in float64
+            pending.append(_Pending(mt, nhwc, a3, thr, fit32, bad, wrong32, lo, hi, a.ndim - 2, maps))
+    return _settle(pending, model, original, reference, samples, sample_ids, lambda: original_values("float64"),
+                   proved_layers) if pending else []
+
+
+def _integer_range(model: Model, ranges: dict[str, tuple[float, float, bool, bool]], a: str) -> tuple[float, float]:
+    """The integers ``[lo, hi]`` tensor ``a`` can take: its derived range, else its datatype's."""
+    lohi = ranges.get(a)
+    if lohi is None:
+        dt = model.get_tensor_datatype(a)
+        lohi = (float(dt.min()), float(dt.max()), True, True)
+    return float(np.ceil(lohi[0])), float(np.floor(lohi[1]))
+
+
+def _settle(pending: list["_Pending"], model: Model, original: Model, reference: Any, samples: Sequence[dict],
+            sample_ids: Sequence[int], float64: Callable[[], list[dict[str, np.ndarray]]],
+            proved_layers: set[str] | None) -> list[ProofIssue]:
+    """The issues of the MultiThresholds the float32 proof left ``pending``, decided on float64 values of the
+    original's accumulators: first the layers alone in float64 from the original's float32 levels before them (a
+    small model); what that does not settle, against the whole original run in float64 (``float64()``, on the
+    samples where no float layer of the model met a near-tie). A fault in the accumulator of a layer whose weights
+    are proved (``proved_layers``) is its input's on the samples, which the outputs' comparison judges."""
+    issues: list[ProofIssue] = []
     local = float64_from_levels(reference, sorted({p.mt.z for p in pending}), list(sample_ids))
     clean: np.ndarray | None = None
     for p in pending:
@@ -439,8 +459,7 @@ def prove_thresholds(model: Model, reference: Any, samples: Sequence[np.ndarray 
         if local is None or issue is not None:
             if clean is None:  # samples on which a float layer of the model met a near-tie are left out
                 clean = _clean_samples(model, reference, samples, sample_ids)
-            issue = _verdict(p, model, original, p.mt.ordered([v[p.mt.z] for v in original_values("float64")]),
-                             clean)
+            issue = _verdict(p, model, original, p.mt.ordered([v[p.mt.z] for v in float64()]), clean)
         producer = model.find_producer(p.mt.a)
         if issue is not None and issue.tensor == p.mt.a and proved_layers and producer is not None and node_label(
                 producer) in proved_layers:
@@ -467,6 +486,7 @@ class _Pending:
     lo: float
     hi: float
     rest: int
+    maps: list[DerivedMap]
 
 
 def _verdict(p: _Pending, model: Model, original: Model, z64: list[np.ndarray],
@@ -479,6 +499,7 @@ def _verdict(p: _Pending, model: Model, original: Model, z64: list[np.ndarray],
             return None
         a3, z3 = a3[clean], z3[clean]
     fit64 = fit_affine(a3, z3, relu=p.mt.relu_inside)
+    apply_derived(fit64, p.maps, a3, z3, p.mt.relu_inside, RESIDUAL, p.lo, p.hi)
     label, qlabel = node_label(p.mt.mt), node_label(p.mt.q)
     bad = [c for c in p.bad if fit64.ok[c] and fit64.resid[c] > RESIDUAL]
     if bad:
@@ -509,21 +530,58 @@ def _step(q: Any, channels: int, rest: int) -> np.ndarray | None:
 
 
 
-def _prove(mt: _Match, original: Model, thr: np.ndarray, fit: AffineFit, lo: float, hi: float,
-           rest: int) -> dict[int, str]:
-    """Step 2 of the module docstring for one matched pair (see :func:`prove_levels`), with the original quantizer
-    (in float64; a Relu in front of it applied first) as the reference level function."""
-    channels = len(fit.ok)
+def _level_function(mt: _Match, original: Model, channels: int, rest: int
+                    ) -> tuple[Callable[[np.ndarray], np.ndarray | None], np.ndarray] | None:
+    """The original quantizer of ``mt`` (in float64; a Relu in front of it applied first) as a level function of
+    ``[C, M]`` real inputs, and its per-channel output step; None if its scale does not broadcast per channel."""
     step = _step(mt.q, channels, rest)
     if step is None:
-        return {}
+        return None
 
     def levels(x: np.ndarray) -> np.ndarray | None:
         shape = (x.shape[1], channels) + (1,) * (rest - 1)
         out = _quantize(mt.q, original, (np.maximum(x, 0.0) if mt.relu else x).T.reshape(shape))
         return None if out is None else out.reshape(x.shape[1], channels).T
 
-    return prove_levels(thr, fit, lo, hi, levels, step)
+    return levels, step
+
+
+def _prove(mt: _Match, original: Model, thr: np.ndarray, fit: AffineFit, lo: float, hi: float,
+           rest: int) -> dict[int, str]:
+    """Step 2 of the module docstring for one matched pair (see :func:`prove_levels`), with the original quantizer
+    (:func:`_level_function`) as the reference level function."""
+    found = _level_function(mt, original, len(fit.ok), rest)
+    return {} if found is None else prove_levels(thr, fit, lo, hi, *found)
+
+
+def _derived(mt: _Match, original: Model, channels: int, rest: int) -> list[DerivedMap]:
+    """The maps from ``mt``'s input to the original quantizer's input recorded by its real thresholds
+    (:func:`verify.derived_map.derived_maps`)."""
+    found = _level_function(mt, original, channels, rest)
+    return [] if found is None else derived_maps(mt.mt, channels, *found)
+
+
+def apply_derived(fit: AffineFit, maps: Sequence[DerivedMap], a3: np.ndarray, z3: np.ndarray, relu: bool,
+                  tol: float, lo: float, hi: float) -> None:
+    """In the channels where ``fit`` is not fitted (the samples do not determine the map), the first of
+    ``maps`` that reproduces every sample of ``[samples, C, rest]`` arrays ``a3``, ``z3`` within ``tol``
+    accumulator steps (through a Relu with ``relu``), in place: its slope and bias, and as residual the larger of
+    the samples' and a bound on the float64 rounding of ``slope·a + bias`` on ``[lo, hi]``."""
+    todo = ~fit.ok
+    for m in maps:
+        idx = np.flatnonzero(todo & m.ok)
+        if not idx.size:
+            continue
+        slope, bias = m.slope[idx], m.bias[idx]
+        x = slope[None, :, None] * a3[:, idx] + bias[None, :, None]
+        resid = np.abs((np.maximum(x, 0.0) if relu else x) - z3[:, idx]).max(axis=(0, 2)) / np.abs(slope)
+        rounding = 2.0**-50 * (np.abs(slope) * max(abs(lo), abs(hi)) + np.abs(bias)) / np.abs(slope)
+        use = resid <= tol
+        chosen = idx[use]
+        fit.slope[chosen], fit.bias[chosen] = slope[use], bias[use]
+        fit.resid[chosen] = np.maximum(resid, rounding)[use]
+        fit.ok[chosen] = True
+        todo[chosen] = False
 
 
 def prove_levels(thr: np.ndarray, fit: AffineFit, lo: float, hi: float,

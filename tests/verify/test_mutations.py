@@ -259,7 +259,8 @@ def test_mutants_of_a_code_built_mlp(large: bool, monkeypatch: pytest.MonkeyPatc
     _check("code-built TFC (2w2a)", original, work.to_proto(), reference)
 
 
-#: the kinds caught whatever the input range: the facts they break are proved without the samples
+#: the kinds whose facts are proved without the samples (a threshold's proof checks its accumulator's map against
+#: them: :func:`test_threshold_mutants_on_a_narrow_input_range`)
 RANGE_FREE_KINDS = tuple(k for k in KINDS if k != "threshold")
 
 
@@ -283,12 +284,11 @@ def test_mutants_are_caught_whatever_the_input_range(low: float, high: float) ->
     _narrow(low, high, RANGE_FREE_KINDS)
 
 
-@pytest.mark.xfail(strict=True, reason="the threshold proof fits each accumulator's affine map to the original on "
-                                       "the samples: on a narrow input range a channel takes too few values to fit, "
-                                       "and a threshold off by one there is not proved wrong (not yet derived from "
-                                       "the graph)")
 @pytest.mark.parametrize("low, high", [(0.0, 0.05), (0.5, 0.52)])
 def test_threshold_mutants_on_a_narrow_input_range(low: float, high: float) -> None:
+    """A threshold off by one, on reference samples from a narrow input range: a channel's accumulator takes too
+    few values there to fit its map to the original's quantizer input, and the proof takes the map its real
+    thresholds record (``verify.derived_map``) instead, so the threshold is proved wrong whatever the samples."""
     _narrow(low, high, ("threshold",))
 
 
