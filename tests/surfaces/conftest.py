@@ -17,6 +17,8 @@ from finnlite.core.io import save_proto
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+#: how a failed final check begins: the outputs differ, or a proof names the node whose thresholds are wrong
+FINAL_FAILURE = r"final check: (the streamlined model differs|against the original quantizer)"
 
 
 def run_cli(args: Sequence[str], *, cwd: Path | None = None, script: Sequence[str] | None = None,

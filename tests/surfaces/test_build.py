@@ -19,7 +19,7 @@ from finnlite import VerificationError
 from finnlite.build import make_step_streamline, step_streamline
 from finnlite.examples import build_tfc
 from tests.qonnx_ref import qonnx_execute
-from tests.surfaces.conftest import HERE
+from tests.surfaces.conftest import FINAL_FAILURE, HERE
 
 
 @dataclass
@@ -115,7 +115,7 @@ def test_a_failing_verification_fails_the_build(tmp_path: Path) -> None:
     cfg = BuildConfig(output_dir=str(tmp_path / "out"), steps=[step], verify_steps=[])  # the config's mode wins
     code, _ = build_dataflow_cfg(_qonnx_model(), cfg)
     assert code == -1
-    with pytest.raises(VerificationError, match="final check: the streamlined model differs"):
+    with pytest.raises(VerificationError, match=FINAL_FAILURE):
         step(_qonnx_model(), cfg)
     html = (tmp_path / "out" / "report" / "finnlite_streamline.html").read_text(encoding="utf-8")
     assert "verification FAILED" in html
