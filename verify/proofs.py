@@ -53,13 +53,12 @@ log = logging.getLogger(__name__)
 __all__ = ["ProofIssue", "prove_thresholds", "prove_levels", "proof_inputs", "proof_samples", "RESIDUAL", "TIE_RTOL"]
 
 RESIDUAL = 1e-3
-#: the same against the original's float32 execution (its rounding: ~1e-3 of a step on mobilenet_v1_4b)
+#: the same against the original's float32 execution (which adds its own rounding, up to about 1e-3 of a step)
 RESIDUAL32 = 0.05
 TIE_RTOL = 1e-9
 #: with ``extrapolate``, a fitted map is trusted to this relative precision at most (16 float32 steps): its samples
 #: are float32 numbers whose rounding grows with their magnitude, so the largest ones, which fix the slope, carry the
-#: largest errors, and the residuals understate how far the line can be off away from the samples (seen on a
-#: ResNet-18's accumulators near 2^17, extrapolated 8.7 standard deviations: 1.7e-3 off, against a bound of 1.3e-3)
+#: largest errors, and the residuals understate how far the line can be off away from the samples
 EXTRAPOLATION_RTOL = 2.0**-20
 _QUANTIZERS = ("Quant", "BipolarQuant")
 
