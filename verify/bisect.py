@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import onnx_ir as ir
 
 from finnlite.core.model import Model, as_model
-from finnlite.core.passes import Pass, PassManager, PassRecord, Rule, Stage, _instantiate
+from finnlite.core.passes import Pass, PassManager, PassRecord, Rule, Stage, instantiate
 from finnlite.core.policies import DEFAULT_POLICY, Policy, resolve_policy
 from verify.hook import PassVerificationError, VerificationHook
 from verify.reference import ReferenceData
@@ -118,7 +118,7 @@ def _failing_pass(current: Pass, stage: Stage, err: PassVerificationError) -> Pa
     if err.pass_name == current.name:
         return current
     for q in stage.passes:
-        q = _instantiate(q)
+        q = instantiate(q)
         if q.name == err.pass_name:
             return q
     return None  # a stage check of a single run names the stage: nothing to re-apply

@@ -41,7 +41,8 @@ from finnlite.core.model import Model
 from finnlite.core.policies import Equality, Policy, Tolerance
 from finnlite.core.shapes import const_array
 from verify.compare import is_integer_tensor
-from verify.proofs import _QUANTIZERS, RESIDUAL32, AffineFit, _quantize, _step, fit_affine, prove_levels
+from verify.proofs import (PROOF_QUANTIZERS, RESIDUAL32, AffineFit, fit_affine, prove_levels, quantize_original,
+                           quantizer_step)
 from streamline.exact import EXACT_KEY
 from streamline.real_thresholds import get_real_thresholds
 from verify.region import node_label
@@ -104,11 +105,11 @@ def _real_form(old: Any, stored: np.ndarray) -> Any:
 def _old_levels(old: Any, before: Model, channels: int, rest: int) -> tuple[Any, np.ndarray] | None:
     """The old node's level function on ``[C, M]`` real inputs and its per-channel output step, or None. An old
     MultiThreshold's levels are counted against its real thresholds where it carries them (:func:`_real_form`)."""
-    if old.op_type in _QUANTIZERS:
-        step = _step(old, channels, rest)
+    if old.op_type in PROOF_QUANTIZERS:
+        step = quantizer_step(old, channels, rest)
 
         def quantized(x: np.ndarray) -> np.ndarray | None:
-            out = _quantize(old, before, x.T.reshape((x.shape[1], channels) + (1,) * (rest - 1)))
+            out = quantize_original(old, before, x.T.reshape((x.shape[1], channels) + (1,) * (rest - 1)))
             return None if out is None else out.reshape(x.shape[1], channels).T
         return (quantized, step) if step is not None else None
     thr = const_array(old.inputs[1]) if len(old.inputs) > 1 and old.inputs[1] is not None else None
@@ -226,7 +227,7 @@ def prove_changed_thresholds(verifier: Any, model: Model, outcome: Any, policy: 
         label = node_label(node)
         old = snap.producers.get(node.outputs[0].name)
         x = node.inputs[0].name if node.inputs and node.inputs[0] is not None else ""
-        if old is None or old.op_type not in ("MultiThreshold", *_QUANTIZERS) or not old.inputs or not x:
+        if old is None or old.op_type not in ("MultiThreshold", *PROOF_QUANTIZERS) or not old.inputs or not x:
             _skip(label, "no MultiThreshold or quantizer made its output before the pass")
             continue
         dt = model.get_tensor_datatype(x)

@@ -60,7 +60,8 @@ TIE_RTOL = 1e-9
 #: are float32 numbers whose rounding grows with their magnitude, so the largest ones, which fix the slope, carry the
 #: largest errors, and the residuals understate how far the line can be off away from the samples
 EXTRAPOLATION_RTOL = 2.0**-20
-_QUANTIZERS = ("Quant", "BipolarQuant")
+#: the original quantizers whose levels a proof recomputes
+PROOF_QUANTIZERS = ("Quant", "BipolarQuant")
 
 
 @dataclass
@@ -133,7 +134,7 @@ def _source_scale(original: Model, v: Any, depth: int = 8) -> bytes | None:
         node = v.producer() if v is not None else None
         if node is None:
             return None
-        if node.op_type in _QUANTIZERS:
+        if node.op_type in PROOF_QUANTIZERS:
             scale = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
             return None if scale is None else np.asarray(scale, np.float64).tobytes()
         computed = [u for u in node.inputs if u is not None and const_array(u) is None]
@@ -160,7 +161,7 @@ def _after_join(original: Model, z: str, depth: int = 8) -> bool:
     input quantizer."""
     for _ in range(depth):
         node = original.find_producer(z)
-        if node is None or node.op_type in _QUANTIZERS:
+        if node is None or node.op_type in PROOF_QUANTIZERS:
             return False
         computed = [v for v in node.inputs if v is not None and const_array(v) is None]
         if node.op_type == "Concat" or (node.op_type == "Add" and len(computed) == 2):
@@ -183,9 +184,9 @@ def _matches(model: Model, original: Model) -> list[_Match]:
         if not is_integer_tensor(model, a) or model.is_initializer(a):
             continue
         q = producers.get(node.outputs[0].name)
-        if (q is None or q.op_type not in _QUANTIZERS) and node.name.endswith("_MultiThreshold"):
+        if (q is None or q.op_type not in PROOF_QUANTIZERS) and node.name.endswith("_MultiThreshold"):
             q = named.get(node.name[:-len("_MultiThreshold")])
-        if q is None or q.op_type not in _QUANTIZERS or q.inputs[0] is None:
+        if q is None or q.op_type not in PROOF_QUANTIZERS or q.inputs[0] is None:
             continue
         z, relu = q.inputs[0].name, False
         before = producers.get(z)
@@ -286,7 +287,7 @@ def _channels_first(arr: np.ndarray, nhwc: bool) -> np.ndarray:
     return moved.reshape(moved.shape[0], moved.shape[1], -1)
 
 
-def _quantize(q: Any, original: Model, x: np.ndarray) -> np.ndarray | None:
+def quantize_original(q: Any, original: Model, x: np.ndarray) -> np.ndarray | None:
     """The original quantizer ``q`` on ``x`` (``[levels, C, 1, ...]``), in float64; None if its parameters do not
     broadcast so (then nothing is proved)."""
     from custom_ops.registry import make_op
@@ -494,7 +495,7 @@ def _verdict(p: _Pending, model: Model, original: Model, z64: list[np.ndarray],
     return ProofIssue(label, p.mt.mt.inputs[1].name, qlabel, wrong64[both[0]]) if both else None
 
 
-def _step(q: Any, channels: int, rest: int) -> np.ndarray | None:
+def quantizer_step(q: Any, channels: int, rest: int) -> np.ndarray | None:
     """Per channel, the original quantizer's output step (``|s|``; ``2|s|`` for a bipolar one)."""
     scale = const_array(q.inputs[1]) if len(q.inputs) > 1 else None
     if scale is None:
@@ -513,13 +514,13 @@ def _prove(mt: _Match, original: Model, thr: np.ndarray, fit: AffineFit, lo: flo
     """Step 2 of the module docstring for one matched pair (see :func:`prove_levels`), with the original quantizer
     (in float64; a Relu in front of it applied first) as the reference level function."""
     channels = len(fit.ok)
-    step = _step(mt.q, channels, rest)
+    step = quantizer_step(mt.q, channels, rest)
     if step is None:
         return {}
 
     def levels(x: np.ndarray) -> np.ndarray | None:
         shape = (x.shape[1], channels) + (1,) * (rest - 1)
-        out = _quantize(mt.q, original, (np.maximum(x, 0.0) if mt.relu else x).T.reshape(shape))
+        out = quantize_original(mt.q, original, (np.maximum(x, 0.0) if mt.relu else x).T.reshape(shape))
         return None if out is None else out.reshape(x.shape[1], channels).T
 
     return prove_levels(thr, fit, lo, hi, levels, step)
