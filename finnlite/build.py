@@ -49,9 +49,9 @@ from finnlite.report import (CheckRow, GraphPicture, StreamlineReport, Verificat
                              pass_timings)
 from finnlite.core.shapes import const_array
 from finnlite.core.validate import validate_model
+from finnlite.float_report import float_report
 from streamline.preprocess import insert_preprocessing
-from verify import (PassVerificationError, ReferenceData, VerificationHook, bisect_pipeline, final_check,
-                    float_report)
+from verify import PassVerificationError, ReferenceData, VerificationHook, bisect_pipeline, final_check
 from verify.boundary import boundary_check, boundary_reference
 from verify.clone import clone_model
 from verify.hook import InheritedDeviation, probe_samples
