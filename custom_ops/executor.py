@@ -47,7 +47,7 @@ little: the weights are folded at plan time and the graph is a few sessions inst
 
 **Batches.** Inputs may carry a batch N in place of the model's fixed batch dim b0 (usually 1). onnxruntime's
 kernels are *not* batch-invariant: Gemm and Conv pick other MLAS blockings for other sizes, so row i of a batched
-run can differ in the last bits from running item i alone (measured on the zoo with quantizers removed), and the
+run can differ in the last bits from running item i alone (networks with their quantizers removed show it), and the
 thread count can matter the same way (keep the default, as qonnx does). Hence ``batch_mode="per_item"`` (default)
 runs the batch in chunks of b0 through the b0 plan — exactly what running each item alone gives — and
 ``batch_mode="vectorized"`` runs it in one go: region inputs are declared with unknown dims, and a ``Reshape``

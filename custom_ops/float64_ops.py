@@ -65,8 +65,7 @@ _MATMUL: list[Any] = []  # the float64 MatMul session, made on first use
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` of float64 matrices, by onnxruntime (one session for every shape, its threads sleeping when idle).
-    numpy's BLAS threads spin after each product, competing with everything else for the cores: on a busy 2-core
-    machine a network's convolutions took 5-10 times longer so."""
+    numpy's BLAS threads spin after each product, competing with everything else for the cores."""
     if not _MATMUL:
         from onnx import TensorProto, helper
 

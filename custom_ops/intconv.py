@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from custom_ops.lowering import Lowering, LoweringContext, _Emitter
+from custom_ops.lowering import Lowering, LoweringContext, Emitter
 from finnlite.core.blockwise import all_integral
 from finnlite.core.tensors import DepthwiseWeight, is_frozen
 
@@ -266,7 +266,7 @@ def fuse_im2col_matmul(nodes: Sequence[onnx.NodeProto], ops: Mapping[int, Any], 
 def _lower(im2col: onnx.NodeProto, matmul: onnx.NodeProto, op: Any, w: np.ndarray | DepthwiseWeight, channels: int,
            ctx: LoweringContext) -> Lowering:
     """Transpose(NHWC→NCHW) → [Pad with the pad value] → Conv → Transpose(NCHW→NHWC) → Add(+0)."""
-    em = _Emitter(im2col, ctx)
+    em = Emitter(im2col, ctx)
     weights, group = conv_weights(w, op.kernel_size, channels)  # not remembered: a copy as large as the weight
     x = em.op("Transpose", [im2col.input[0]], perm=[0, 3, 1, 2])
     top, left, bottom, right = op.pad_amount

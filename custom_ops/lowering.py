@@ -82,7 +82,7 @@ class LoweringContext:
     types: Mapping[str, int] = field(default_factory=dict)  # ONNX element types where known
 
 
-class _Emitter:
+class Emitter:
     """Builds the standard nodes of one lowering, with fresh names derived from the custom node's."""
 
     def __init__(self, node: onnx.NodeProto, ctx: LoweringContext) -> None:
@@ -146,7 +146,7 @@ def _is_positive_zero(value: np.ndarray | None) -> bool:
     return value is not None and value.size > 0 and not np.any(value) and not np.any(np.signbit(value))
 
 
-def _subtract(em: _Emitter, y: str, zeropt: str | np.ndarray) -> str:
+def _subtract(em: Emitter, y: str, zeropt: str | np.ndarray) -> str:
     """``y - zeropt`` (a tensor name or a new constant); nothing for a constant +0 (see the module docstring)."""
     value = em.ctx.constants.get(zeropt) if isinstance(zeropt, str) else zeropt
     if _is_positive_zero(value):
@@ -155,7 +155,7 @@ def _subtract(em: _Emitter, y: str, zeropt: str | np.ndarray) -> str:
     return em.op("Sub", [y, name])
 
 
-def _round(em: _Emitter, y: str, mode: str) -> str:
+def _round(em: Emitter, y: str, mode: str) -> str:
     """Rounding mode ``mode`` (canonical name) applied to ``y``, with the kernel's formulas."""
     if mode in ("ROUND", "HALF_EVEN"):
         return em.op("Round", [y])
@@ -178,13 +178,13 @@ def _round(em: _Emitter, y: str, mode: str) -> str:
     raise NotLowerable(f"no lowering for rounding mode '{mode}'")
 
 
-def _clip(em: _Emitter, y: str, signed: bool, narrow: bool, bits: int) -> str:
+def _clip(em: Emitter, y: str, signed: bool, narrow: bool, bits: int) -> str:
     """The kernel's ``clip_to_range`` with integer bounds converted to the executor's dtype."""
     return em.op("Clip", [y, em.const(min_int(signed, narrow, bits), "qmin"),
                           em.const(max_int(signed, narrow, bits), "qmax")])
 
 
-def _bipolar(em: _Emitter, y: str) -> str:
+def _bipolar(em: Emitter, y: str) -> str:
     """``where(y >= 0, 1, -1)`` in the executor's dtype."""
     nonneg = em.greater_or_equal(y, em.const(0, "zero"))
     return em.op("Where", [nonneg, em.const(1, "one"), em.const(-1, "minus_one")])
@@ -202,7 +202,7 @@ def lower_quant(node: onnx.NodeProto, op: Any, ctx: LoweringContext) -> Lowering
     op.validate_inputs(_known(ctx, node))
     _check_dtypes(ctx, node, (1, 2))
     bits = _bits(bitwidth)
-    em = _Emitter(node, ctx)
+    em = Emitter(node, ctx)
     x, scale, zeropt = node.input[0], node.input[1], node.input[2]
     y = em.op("Add", [em.op("Div", [x, scale]), zeropt])
     if bits == 1 and op.signed:
@@ -218,7 +218,7 @@ def lower_bipolar_quant(node: onnx.NodeProto, op: Any, ctx: LoweringContext) -> 
     _inputs(node, (2,))
     op.validate_inputs(_known(ctx, node))
     _check_dtypes(ctx, node, (1,))
-    em = _Emitter(node, ctx)
+    em = Emitter(node, ctx)
     em.op("Mul", [_bipolar(em, node.input[0]), node.input[1]], output=node.output[0])
     return em.result
 
@@ -246,7 +246,7 @@ def lower_multithreshold(node: onnx.NodeProto, op: Any, ctx: LoweringContext) ->
     # ReduceSum over axis 0; a sum of at most B ones is exact in any order
     shaped = np.ascontiguousarray(thresholds.T).reshape(
         (steps,) + (1,) * cdim + (channels,) + (1,) * (len(x_shape) - 1 - cdim))
-    em = _Emitter(node, ctx)
+    em = Emitter(node, ctx)
     hits = em.greater_or_equal(em.unsqueeze_first(node.input[0]), em.const(shaped, "thresholds"))
     hits = em.op("Cast", [hits], to=int(helper.np_dtype_to_tensor_dtype(ctx.dtype)))
     flat = em.op("Reshape", [hits, em.const([steps, -1], "flat_shape", np.int64)])
@@ -269,7 +269,7 @@ def lower_trunc(node: onnx.NodeProto, op: Any, ctx: LoweringContext) -> Lowering
     _check_dtypes(ctx, node, range(1, len(node.input)))
     scale = _constant(ctx, node, 1, "scale")
     zeropt = _constant(ctx, node, 2, "zero-point")
-    em = _Emitter(node, ctx)
+    em = Emitter(node, ctx)
     x = node.input[0]
     y = em.op("Round", [em.op("Add", [em.op("Div", [x, node.input[1]]), node.input[2]])])
     with np.errstate(all="ignore"):
@@ -309,7 +309,7 @@ def lower_im2col(node: onnx.NodeProto, op: Any, ctx: LoweringContext) -> Lowerin
     out_shape = op.output_shape(shape)  # the kernel's checks (kernel fits, size-1 dimensions)
     (kh, kw), (sh, sw), (dh, dw) = op.kernel_size, op.stride, op.dilations
     top, left, bottom, right = op.pad_amount
-    em = _Emitter(node, ctx)
+    em = Emitter(node, ctx)
     if any(op.pad_amount):
         pads = em.const([0, top, left, 0, 0, bottom, right, 0], "pads", np.int64)
         x = em.op("Pad", [x, pads, em.const(float(op.pad_value), "pad_value")], mode="constant")

@@ -144,8 +144,8 @@ def shared_arena(opts: Any) -> Any:
     """Let sessions created with ``opts`` allocate from one process-wide onnxruntime CPU arena instead of one arena
     each. Memory only (results are unchanged): the verifier builds a new small session for every check, and with a
     private arena each one's first run allocates and first-touches all its intermediates anew (on a virtual
-    machine that hands freed pages back to the host, those page faults can cost more than the run). The arena keeps what it has grown to (the largest set of
-    intermediates one run needed) for the life of the process. If onnxruntime refuses the registration, sessions
+    machine that hands freed pages back to the host, those page faults can cost more than the run). The arena keeps
+    what it has grown to (the largest set of intermediates one run needed) for the life of the process. If onnxruntime refuses the registration, sessions
     keep their own arenas."""
     global _SHARED_ARENA
     if _SHARED_ARENA is None:

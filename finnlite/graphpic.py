@@ -33,7 +33,9 @@ from finnlite.cost import derived_datatypes
 
 __all__ = ["GraphPicture", "KINDS", "MARKS", "legend", "zoomable", "ZOOM_SCRIPT"]
 
-_BOX_W, _BOX_H, _GAP_X, _GAP_Y, _MARGIN, _LANE_W = 176, 38, 18, 30, 16, 8
+#: the width of a node box and of a lane between boxes in the picture (pixels)
+BOX_W, LANE_W = 176, 8
+_BOX_H, _GAP_X, _GAP_Y, _MARGIN = 38, 18, 30, 16
 #: what a node computes, from its outputs' datatypes: (fill, stroke, legend text)
 KINDS = {
     "int": ("#d6f0d2", "#2f7d32", "integer: every output has an integer datatype (INTn, UINTn, BIPOLAR)"),
@@ -52,7 +54,8 @@ _RINGED = ("float-left", "first-layer", "failing")
 _IO_FILL = "#3b3b3b"
 
 
-def _esc(text: Any) -> str:
+def esc(text: Any) -> str:
+    """``text`` escaped for HTML (quotes included)."""
     return html.escape(str(text), quote=True)
 
 
@@ -174,7 +177,7 @@ class GraphPicture:
         lanes: dict[tuple[str, str], list[str]] = {}
         chain = nx.DiGraph()
         chain.add_nodes_from(topo)
-        width = {k: float(_BOX_W) for k in topo}
+        width = {k: float(BOX_W) for k in topo}
         for a, b in dict.fromkeys(self.edges):
             if a not in rank or b not in rank or rank[b] - rank[a] <= 1:
                 if a in rank and b in rank:
@@ -184,7 +187,7 @@ class GraphPicture:
             lanes[(a, b)] = dummies
             for d, r in zip(dummies, range(rank[a] + 1, rank[b])):
                 layers[r].append(d)
-                width[d] = float(_LANE_W)
+                width[d] = float(LANE_W)
                 if a in data:
                     data.add(d)
             nx.add_path(chain, [a, *dummies, b])
@@ -194,7 +197,7 @@ class GraphPicture:
             for k in layers[r]:  # boxes on the data path decide, then lanes (a join stays under its main input),
                 # then anything (a weight quantizer is moved beside its consumer later)
                 placed = [p for p in chain.predecessors(k) if p in x]
-                preds = [x[p] for p in placed if p in data and p in width and width[p] == _BOX_W] or \
+                preds = [x[p] for p in placed if p in data and p in width and width[p] == BOX_W] or \
                     [x[p] for p in placed if p in data] or [x[p] for p in placed]
                 want[k] = sum(preds) / len(preds) if preds else None
             _place(layers[r], want, x, width)
@@ -236,10 +239,10 @@ class GraphPicture:
 
 
 def _box_svg(box: _Box, cx: float, top: float) -> str:
-    bx = cx - _BOX_W / 2
+    bx = cx - BOX_W / 2
     if box.kind != "node":
-        return (f'<g class="fl-{box.kind}"><title>{_esc(box.tooltip)}</title>'
-                f'<rect x="{bx:.1f}" y="{top:.1f}" width="{_BOX_W}" height="{_BOX_H}" rx="{_BOX_H / 2:g}" '
+        return (f'<g class="fl-{box.kind}"><title>{esc(box.tooltip)}</title>'
+                f'<rect x="{bx:.1f}" y="{top:.1f}" width="{BOX_W}" height="{_BOX_H}" rx="{_BOX_H / 2:g}" '
                 f'fill="{_IO_FILL}" stroke="{_IO_FILL}"/>{_labels(box, cx, top, "#fff", "#ddd")}</g>')
     fill, stroke, _ = KINDS[box.computes]
     classes = ["fl-node", f"fl-{box.computes}"]
@@ -249,7 +252,7 @@ def _box_svg(box: _Box, cx: float, top: float) -> str:
         color, dash, _ = MARKS[box.mark]
         if box.mark in _RINGED:
             classes.append("fl-hl")
-            ring = (f'<rect class="fl-ring" x="{bx - 5:.1f}" y="{top - 5:.1f}" width="{_BOX_W + 10}" '
+            ring = (f'<rect class="fl-ring" x="{bx - 5:.1f}" y="{top - 5:.1f}" width="{BOX_W + 10}" '
                     f'height="{_BOX_H + 10}" rx="8" fill="none" stroke="{color}" stroke-width="4" '
                     'vector-effect="non-scaling-stroke"/>')
         else:
@@ -257,17 +260,17 @@ def _box_svg(box: _Box, cx: float, top: float) -> str:
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
     else:
         dash_attr = ""
-    name = f' data-name="{_esc(box.name)}"' if box.name else ""
-    return (f'<g class="{" ".join(classes)}"{name}><title>{_esc(box.tooltip)}</title>{ring}'
-            f'<rect x="{bx:.1f}" y="{top:.1f}" width="{_BOX_W}" height="{_BOX_H}" rx="4" fill="{fill}" '
+    name = f' data-name="{esc(box.name)}"' if box.name else ""
+    return (f'<g class="{" ".join(classes)}"{name}><title>{esc(box.tooltip)}</title>{ring}'
+            f'<rect x="{bx:.1f}" y="{top:.1f}" width="{BOX_W}" height="{_BOX_H}" rx="4" fill="{fill}" '
             f'stroke="{stroke}" stroke-width="1.5"{dash_attr}/>{_labels(box, cx, top, "#111", "#444")}</g>')
 
 
 def _labels(box: _Box, cx: float, top: float, color: str, sub_color: str) -> str:
     return (f'<text x="{cx:.1f}" y="{top + 15:.1f}" text-anchor="middle" font-size="12" font-weight="bold" '
-            f'fill="{color}">{_esc(_clip(box.title, 24))}</text>'
+            f'fill="{color}">{esc(_clip(box.title, 24))}</text>'
             f'<text x="{cx:.1f}" y="{top + 30:.1f}" text-anchor="middle" font-size="10" '
-            f'fill="{sub_color}">{_esc(_clip(box.subtitle, 30))}</text>')
+            f'fill="{sub_color}">{esc(_clip(box.subtitle, 30))}</text>')
 
 
 def _datatypes(model: Model) -> Callable[[Any], Any]:
@@ -308,7 +311,7 @@ def _route(pos: dict[str, tuple[float, float]], a: str, b: str, lane: list[str])
     curved between layers; an edge that does not go down (a cyclic graph) loops around the right side."""
     (xa, ya), (xb, yb) = pos[a], pos[b]
     if yb <= ya:
-        x1, y1, x2, y2 = xa + _BOX_W / 2, ya + _BOX_H / 2, xb + _BOX_W / 2, yb + _BOX_H / 2
+        x1, y1, x2, y2 = xa + BOX_W / 2, ya + _BOX_H / 2, xb + BOX_W / 2, yb + _BOX_H / 2
         bend = _GAP_X + abs(y2 - y1) / 8
         return f"M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1:.1f} {x2 + bend:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
     points = [(xa, ya + _BOX_H)]
@@ -391,7 +394,7 @@ def legend(counts: Mapping[str, int] | None = None) -> str:
         n = f" ({counts.get(key, 0)} after)" if counts is not None else ""
         out.append(f'<g class="fl-legend-{key}"><rect x="4" y="{y}" width="34" height="14" rx="3" fill="{fill}" '
                    f'stroke="{stroke}" stroke-width="{width}"{dash_attr}/>'
-                   f'<text x="46" y="{y + 11}">{_esc(text + n)}</text></g>')
+                   f'<text x="46" y="{y + 11}">{esc(text + n)}</text></g>')
     out.append("</svg>")
     return "".join(out)
 

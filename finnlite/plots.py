@@ -11,11 +11,11 @@ tooltip (``<title>``) with its exact value.
 
 from __future__ import annotations
 
-import html
 import math
 from typing import Any, Sequence
 
 from finnlite.cost import bits
+from finnlite.graphpic import esc
 
 __all__ = ["Chart", "bar_chart", "line_chart", "layer_widths_chart", "COLORS"]
 
@@ -34,10 +34,6 @@ class Chart(str):
         return f"<finnlite chart: SVG, {len(self)} characters>"
 
 
-def _esc(text: Any) -> str:
-    return html.escape(str(text), quote=True)
-
-
 def _nice_step(top: float, ticks: int = 5) -> float:
     raw = max(top, 1e-12) / ticks
     mag = 10 ** math.floor(math.log10(raw))
@@ -51,7 +47,7 @@ def _frame(width: float, height: float, left: float, top: float, plot_w: float, 
            f'viewBox="0 0 {width:.0f} {height:.0f}" {_FONT}>',
            f'<rect width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>']
     if title:
-        out.append(f'<text x="{left:.0f}" y="16" font-size="13" font-weight="bold">{_esc(title)}</text>')
+        out.append(f'<text x="{left:.0f}" y="16" font-size="13" font-weight="bold">{esc(title)}</text>')
     step = _nice_step(hi - lo)
     t = math.ceil(lo / step) * step
     while t <= hi + 1e-9 * step:
@@ -62,11 +58,11 @@ def _frame(width: float, height: float, left: float, top: float, plot_w: float, 
     out.append(f'<line x1="{left:.1f}" x2="{left:.1f}" y1="{top:.1f}" y2="{top + plot_h:.1f}" stroke="#888"/>')
     if ylabel:
         out.append(f'<text transform="translate(12,{top + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
-                   f'{_esc(ylabel)}</text>')
+                   f'{esc(ylabel)}</text>')
     x = left
     for i, name in enumerate(series):
         out.append(f'<g class="fl-chart-key"><rect x="{x:.1f}" y="24" width="10" height="10" '
-                   f'fill="{COLORS[i % len(COLORS)]}"/><text x="{x + 14:.1f}" y="33">{_esc(name)}</text></g>')
+                   f'fill="{COLORS[i % len(COLORS)]}"/><text x="{x + 14:.1f}" y="33">{esc(name)}</text></g>')
         x += 24 + 7 * len(name)
     return out
 
@@ -98,11 +94,11 @@ def bar_chart(categories: Sequence[str], series: dict[str, Sequence[float | None
             tip = f"{cat}: {name} {v:g}" + (f"\n{tooltips[i]}" if tooltips else "")
             out.append(f'<rect class="fl-chart-bar" x="{x0 + j * bar_width:.1f}" y="{top + plot_h - h:.1f}" '
                        f'width="{bar_width - 1:.1f}" height="{h:.1f}" fill="{COLORS[j % len(COLORS)]}">'
-                       f'<title>{_esc(tip)}</title></rect>')
+                       f'<title>{esc(tip)}</title></rect>')
         if i % every == 0:
             cx = x0 + bar_width * len(names) / 2
             out.append(f'<text x="{cx:.1f}" y="{top + plot_h + 12:.1f}" text-anchor="end" '
-                       f'transform="rotate(-45 {cx:.1f} {top + plot_h + 12:.1f})">{_esc(labels[i])}</text>')
+                       f'transform="rotate(-45 {cx:.1f} {top + plot_h + 12:.1f})">{esc(labels[i])}</text>')
     out.append(f'<line x1="{left:.1f}" x2="{left + plot_w:.1f}" y1="{top + plot_h:.1f}" y2="{top + plot_h:.1f}" '
                'stroke="#888"/></svg>')
     return Chart("".join(out))
@@ -128,7 +124,7 @@ def line_chart(series: dict[str, tuple[Sequence[float], Sequence[float]]], *, ti
     for j, (name, (x_, y_)) in enumerate(series.items()):
         if name in points:
             color = COLORS[j % len(COLORS)]
-            out.append(f'<g class="fl-points" fill="{color}"><title>{_esc(name)}</title>'
+            out.append(f'<g class="fl-points" fill="{color}"><title>{esc(name)}</title>'
                        + "".join(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5"/>' for x, y in zip(x_, y_))
                        + "</g>")
             continue
@@ -140,7 +136,7 @@ def line_chart(series: dict[str, tuple[Sequence[float], Sequence[float]]], *, ti
         d = " ".join(f"{'M' if i == 0 else 'L'}{px:.1f},{py:.1f}" for i, (px, py) in enumerate(pts))
         dash = ' stroke-dasharray="6 4"' if name in dashed else ""
         out.append(f'<path class="fl-line" d="{d}" fill="none" stroke="{COLORS[j % len(COLORS)]}" stroke-width="2"'
-                   f'{dash}><title>{_esc(name)}</title></path>')
+                   f'{dash}><title>{esc(name)}</title></path>')
     step_x = _nice_step(x_hi - x_lo)
     t = math.ceil(x_lo / step_x) * step_x
     while t <= x_hi + 1e-9 * step_x:
@@ -149,7 +145,7 @@ def line_chart(series: dict[str, tuple[Sequence[float], Sequence[float]]], *, ti
     out.append(f'<line x1="{left:.1f}" x2="{left + plot_w:.1f}" y1="{top + plot_h:.1f}" y2="{top + plot_h:.1f}" '
                'stroke="#888"/>')
     if xlabel:
-        out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6:.1f}" text-anchor="middle">{_esc(xlabel)}</text>')
+        out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6:.1f}" text-anchor="middle">{esc(xlabel)}</text>')
     out.append("</svg>")
     return Chart("".join(out))
 

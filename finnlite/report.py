@@ -20,14 +20,13 @@ script, nothing loaded from anywhere.
 
 from __future__ import annotations
 
-import html
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from finnlite.core.model import Model
-from finnlite.graphpic import _BOX_W, _LANE_W, ZOOM_SCRIPT, GraphPicture, legend, quoted_names, zoomable  # noqa: F401
+from finnlite.graphpic import ZOOM_SCRIPT, GraphPicture, esc, legend, quoted_names, zoomable
 
 __all__ = ["GraphPicture", "PassTiming", "CheckRow", "VerificationResult", "StreamlineReport", "pass_timings",
            "json_default", "STRICT_CHECKS", "QUANTIZER_OPS", "INPUT_HINT"]
@@ -38,10 +37,6 @@ QUANTIZER_OPS = frozenset({"Quant", "IntQuant", "BipolarQuant", "Trunc", "Quanti
 #: what to do about a first layer that reads the float input
 INPUT_HINT = ("to make it read integers, give the input's datatype and preprocessing: --input-datatype UINT8 "
               "--input-scale 1/255 --mean M.. --std S (the 'preprocessing' key of a config file)")
-
-
-def _esc(text: Any) -> str:
-    return html.escape(str(text), quote=True)
 
 
 # -- report data ---------------------------------------------------------------------------------------------------
@@ -335,8 +330,8 @@ class StreamlineReport:
         parts = [f"<div class='fl-report'><style>{_CSS}</style>",
                  f"<h1>finnlite streamline report <span class='fl-badge fl-{status[0]}'>{status[1]}</span>"
                  + (f" <span class='fl-badge fl-{claim[0]}'>{claim[1]}</span>" if claim[1] else "") + "</h1>",
-                 f"<p>{_esc(self.source or 'model')}{' → ' + _esc(self.output) if self.output else ''}<br>"
-                 f"stages: {_esc(', '.join(self.stages))}"
+                 f"<p>{esc(self.source or 'model')}{' → ' + esc(self.output) if self.output else ''}<br>"
+                 f"stages: {esc(', '.join(self.stages))}"
                  f"{'' if self.completed else ' <b>(stopped at a failing pass)</b>'}; "
                  f"nodes {sum(self.ops_before.values())} → {sum(self.ops_after.values())}</p>"]
         parts.append("<h2>Verification</h2>" + _verification_html(v))
@@ -372,7 +367,7 @@ class StreamlineReport:
 
     def to_html(self) -> str:
         """A complete, self-contained HTML document."""
-        title = _esc(f"finnlite report: {Path(self.source).name if self.source else 'model'}")
+        title = esc(f"finnlite report: {Path(self.source).name if self.source else 'model'}")
         return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{title}</title></head>"
                 f"<body>{self.html_fragment()}</body></html>\n")
 
@@ -471,7 +466,7 @@ def _bar(value: float, top: float, cls: str) -> str:
 def _histogram_html(before: dict[str, int], after: dict[str, int]) -> str:
     ops = sorted(set(before) | set(after), key=lambda o: (-after.get(o, 0), -before.get(o, 0), o))
     top = max(list(before.values()) + list(after.values()) + [1])
-    rows = "".join(f"<tr><td>{_esc(o)}</td><td class='n'>{before.get(o, 0)}</td><td class='n'>{after.get(o, 0)}</td>"
+    rows = "".join(f"<tr><td>{esc(o)}</td><td class='n'>{before.get(o, 0)}</td><td class='n'>{after.get(o, 0)}</td>"
                    f"<td class='fl-bars'>{_bar(before.get(o, 0), top, 'fl-before')}"
                    f"{_bar(after.get(o, 0), top, 'fl-after')}</td></tr>" for o in ops)
     return ("<table class='fl-table fl-histogram'><tr><th>op</th><th>before</th><th>after</th>"
@@ -483,45 +478,45 @@ def _histogram_html(before: dict[str, int], after: dict[str, int]) -> str:
 def _verification_html(v: VerificationResult) -> str:
     if v.mode == "off":
         return "<p>Verification was off.</p>"
-    out = [f"<p>mode <b>{_esc(v.mode)}</b>; reference data: {_esc(v.reference)}; {v.seconds:.2f} s</p>"]
+    out = [f"<p>mode <b>{esc(v.mode)}</b>; reference data: {esc(v.reference)}; {v.seconds:.2f} s</p>"]
     if v.assumed:
-        out.append(f"<div class='fl-warning'>{_esc(v.status)}: {_esc(v.assumed_hint())}</div>")
+        out.append(f"<div class='fl-warning'>{esc(v.status)}: {esc(v.assumed_hint())}</div>")
     for note in v.notes:
-        out.append(f"<p class='fl-note'>{_esc(note)}</p>")
+        out.append(f"<p class='fl-note'>{esc(note)}</p>")
     if v.declined:
-        rows = "".join(f"<tr><td>{_esc(d.stage or '')}</td><td>{_esc(d.pass_name)}</td><td class='n'>"
-                       f"{d.iteration or ''}</td><td>{_esc(d.anchor)}</td><td>{_esc(d.match or '')}</td>"
-                       f"<td>{_esc(d.tensor or '')}</td><td>{_esc(d.message)}</td></tr>" for d in v.declined)
+        rows = "".join(f"<tr><td>{esc(d.stage or '')}</td><td>{esc(d.pass_name)}</td><td class='n'>"
+                       f"{d.iteration or ''}</td><td>{esc(d.anchor)}</td><td>{esc(d.match or '')}</td>"
+                       f"<td>{esc(d.tensor or '')}</td><td>{esc(d.message)}</td></tr>" for d in v.declined)
         out.append(f"<h3>Rewrites declined by verification ({len(v.declined)})</h3><p>Each broke its pass's check; it "
                    "was undone and not performed again, and the model is correct without it.</p><table "
                    "class='fl-table'><tr><th>stage</th><th>pass</th><th>round</th><th>at node</th><th>matched</th>"
                    f"<th>failing tensor</th><th>check</th></tr>{rows}</table>")
     if v.failure is not None:
         f = v.failure
-        out.append(f"<div class='fl-failure'><b>{_esc(f.get('pass') or 'final check')}</b> failed"
-                   f"{' (stage ' + _esc(f['stage']) + ')' if f.get('stage') else ''}: {_esc(f['message'])}</div>")
+        out.append(f"<div class='fl-failure'><b>{esc(f.get('pass') or 'final check')}</b> failed"
+                   f"{' (stage ' + esc(f['stage']) + ')' if f.get('stage') else ''}: {esc(f['message'])}</div>")
     if v.checks:
         rows = "".join(
-            f"<tr class='{'' if c.ok else 'fl-fail'}'><td>{_esc(c.stage or '')}</td><td>{_esc(c.pass_name)}</td>"
-            f"<td class='n'>{c.iteration or ''}</td><td>{_esc(c.policy)}</td>"
+            f"<tr class='{'' if c.ok else 'fl-fail'}'><td>{esc(c.stage or '')}</td><td>{esc(c.pass_name)}</td>"
+            f"<td class='n'>{c.iteration or ''}</td><td>{esc(c.policy)}</td>"
             f"<td class='n'>{'' if c.changed_nodes is None else c.changed_nodes}</td>"
             f"<td class='n'>{'' if c.region_nodes is None else c.region_nodes}</td><td class='n'>{c.near_ties}</td>"
-            f"<td class='n'>{c.seconds:.3f}</td><td>{'ok' if c.ok else 'FAILED: ' + _esc(c.message)}</td></tr>"
+            f"<td class='n'>{c.seconds:.3f}</td><td>{'ok' if c.ok else 'FAILED: ' + esc(c.message)}</td></tr>"
             for c in v.checks)
         out.append("<h3>Per-pass checks</h3><table class='fl-table'><tr><th>stage</th><th>pass</th><th>round</th>"
                    "<th>policy</th><th>changed nodes</th><th>nodes run</th><th>near-ties</th><th>s</th>"
                    f"<th>result</th></tr>{rows}</table>")
     if v.final is not None:
         rows = "".join(
-            f"<tr class='{'' if o.ok else 'fl-fail'}'><td>{_esc(o.name)}</td><td>{_esc(o.compared_as)}</td>"
+            f"<tr class='{'' if o.ok else 'fl-fail'}'><td>{esc(o.name)}</td><td>{esc(o.compared_as)}</td>"
             f"<td class='n'>{o.samples - len(o.error_samples)}/{o.samples}</td><td class='n'>{o.agree32}/{o.samples}"
-            f"</td><td class='n'>{len(o.near_tie_samples)}</td><td class='n'>{o.max_error64:.3g} {_esc(o.unit)}</td>"
+            f"</td><td class='n'>{len(o.near_tie_samples)}</td><td class='n'>{o.max_error64:.3g} {esc(o.unit)}</td>"
             "</tr>" for o in v.final.outputs)
         out.append("<h3>Final check against the original</h3><table class='fl-table'><tr><th>output</th>"
                    "<th>compared as</th><th>agrees with float64</th><th>agrees with float32</th>"
                    f"<th>near-tie samples</th><th>max deviation</th></tr>{rows}</table>")
         for site in v.final.tie_sites:
-            out.append(f"<p class='fl-note'>near-tie {_esc(site.describe())}</p>")
+            out.append(f"<p class='fl-note'>near-tie {esc(site.describe())}</p>")
     return "".join(out)
 
 
@@ -535,12 +530,12 @@ def _float_html(report: StreamlineReport) -> str:
         out.append("<p>integer-only: no float node is left.</p>")
     if fr.nodes:
         out.append(f"<p><b>{len(fr.nodes)}</b> float node(s) left:</p><ul>"
-                   + "".join(f"<li>{_esc(n.text())}</li>" for n in fr.nodes) + "</ul>")
+                   + "".join(f"<li>{esc(n.text())}</li>" for n in fr.nodes) + "</ul>")
     if first:
         out.append(f"<div class='fl-failure'><b>Not integer-only: the first layer reads the float input</b> "
-                   f"({_esc(', '.join(first))}). {_esc(INPUT_HINT[0].upper() + INPUT_HINT[1:])}.</div>")
+                   f"({esc(', '.join(first))}). {esc(INPUT_HINT[0].upper() + INPUT_HINT[1:])}.</div>")
     if fr.dequantization:
-        out.append(f"<p>output dequantization (float, allowed): {_esc(', '.join(fr.dequantization))}</p>")
+        out.append(f"<p>output dequantization (float, allowed): {esc(', '.join(fr.dequantization))}</p>")
     if not report.has_quantizers:
         out.append("<div class='fl-failure'>The model has no quantizers: it is not a quantized network, there is "
                    "nothing to make integer.</div>")
@@ -553,9 +548,9 @@ def _widths_html(report: StreamlineReport) -> str:
     cost = report.cost_after
     if cost is None or not cost.layers:
         return "<p>no MAC layer</p>" if cost is not None else "<p>not computed</p>"
-    rows = "".join(f"<tr><td class='n'>{i + 1}</td><td>{_esc(c.node)}</td><td>{_esc(c.op_type)}</td>"
-                   f"<td>{_esc(c.weight_dt)}</td><td>{_esc(c.input_dt)}</td><td>{_esc(c.acc_dt)}</td>"
-                   f"<td>{_esc(c.finn_output_dt)}</td></tr>" for i, c in enumerate(cost.layers))
+    rows = "".join(f"<tr><td class='n'>{i + 1}</td><td>{esc(c.node)}</td><td>{esc(c.op_type)}</td>"
+                   f"<td>{esc(c.weight_dt)}</td><td>{esc(c.input_dt)}</td><td>{esc(c.acc_dt)}</td>"
+                   f"<td>{esc(c.finn_output_dt)}</td></tr>" for i, c in enumerate(cost.layers))
     return (f"<div class='fl-chart-box'>{layer_widths_chart(cost)}</div>"
             "<p class='fl-note'>The widths FINN builds each MAC layer with: the weights' and the input's datatypes, "
             "the accumulator FINN's MinimizeAccumulatorWidth sizes from the weights and the input range, and the "
@@ -569,10 +564,10 @@ def _cost_html(report: StreamlineReport) -> str:
     for kind in ("weights", "activations"):
         hist = report.datatypes.get(kind) or {}
         if hist:
-            out.append(f"<p>{kind}: " + ", ".join(f"{_esc(k)} ×{v}" for k, v in hist.items()) + "</p>")
+            out.append(f"<p>{kind}: " + ", ".join(f"{esc(k)} ×{v}" for k, v in hist.items()) + "</p>")
     for label, cost in (("before", report.cost_before), ("after", report.cost_after)):
         if cost is not None:
-            out.append(f"<h3>Inference cost {label}</h3><pre>{_esc(cost.text())}</pre>")
+            out.append(f"<h3>Inference cost {label}</h3><pre>{esc(cost.text())}</pre>")
     return "".join(out) or "<p>not computed</p>"
 
 
@@ -580,7 +575,7 @@ def _timings_html(report: StreamlineReport) -> str:
     top = max([p.seconds for p in report.passes] + [1e-9])
 
     def table(passes: list[PassTiming]) -> str:
-        rows = "".join(f"<tr><td>{_esc(p.stage)}</td><td>{_esc(p.name)}</td><td class='n'>{p.runs}</td>"
+        rows = "".join(f"<tr><td>{esc(p.stage)}</td><td>{esc(p.name)}</td><td class='n'>{p.runs}</td>"
                        f"<td class='n'>{p.changed}</td><td class='n'>{'' if p.rewrites is None else p.rewrites}</td>"
                        f"<td class='n'>{p.seconds:.3f}</td><td class='fl-bars'>{_bar(p.seconds, top, 'fl-after')}"
                        "</td></tr>" for p in passes)
@@ -589,8 +584,8 @@ def _timings_html(report: StreamlineReport) -> str:
 
     changed = [p for p in report.passes if p.changed]
     idle = [p for p in report.passes if not p.changed]
-    stages = ", ".join(f"{_esc(k)} {v:.2f} s" for k, v in report.stage_seconds.items())
-    other = ", ".join(f"{_esc(k)} {v:.2f} s" for k, v in report.seconds.items())
+    stages = ", ".join(f"{esc(k)} {v:.2f} s" for k, v in report.stage_seconds.items())
+    other = ", ".join(f"{esc(k)} {v:.2f} s" for k, v in report.seconds.items())
     return (f"<p>stages: {stages}<br>{other}</p>"
             f"<h3 class='fl-changed'>{len(changed)} pass(es) changed the graph</h3>{table(changed)}"
             f"<details class='fl-idle'><summary>{len(idle)} pass(es) changed nothing</summary>{table(idle)}"

@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from custom_ops.multithreshold import channel_axis_of
 from finnlite.core.datatypes import is_integer_type
-from finnlite.core.graphutil import is_standard_domain
+from finnlite.core.graphutil import sole_producer
 from finnlite.core.passes import Miss, Rule, Transformation, register_pass
 from finnlite.core.shapes import const_array
 from streamline.convert_common import layout_for
@@ -87,7 +87,8 @@ def threshold_miss(rule: Rule, model: Any, node: ir.Node, rt: RealThresholds, x:
     return None
 
 
-def _set(model: Any, node: ir.Node, rt: RealThresholds) -> None:
+def store_thresholds(model: Any, node: ir.Node, rt: RealThresholds) -> None:
+    """Give MultiThreshold ``node`` the real thresholds ``rt`` and write them into its threshold input."""
     set_real_thresholds(node, rt)
     materialize(model, node)
 
@@ -117,17 +118,6 @@ def set_channel_axis(node: ir.Node, axis: int) -> None:
         node.attributes["data_layout"] = ir.AttrString("data_layout", layout_for(axis, len(node.inputs[0].shape)))
 
 
-def _mt_input_node(model: Any, node: ir.Node, op: str) -> Any:
-    """The producer of the MultiThreshold's input if it is ``op`` and feeds only this node."""
-    x = node.inputs[0]
-    prod = x.producer()
-    if prod is None or prod.op_type != op or not is_standard_domain(prod.domain):
-        return None
-    if len(x.uses()) != 1 or x.is_graph_output():
-        return None
-    return prod
-
-
 @register_pass(group="absorb")
 class AbsorbReluIntoMultiThreshold(Rule):
     """MultiThreshold(Relu(x)) → MultiThreshold'(x).
@@ -138,14 +128,14 @@ class AbsorbReluIntoMultiThreshold(Rule):
     op_types = ("MultiThreshold",)
 
     def match(self, model: "Model", node: ir.Node) -> Any:
-        return _mt_input_node(model, node, "Relu") and (node, node.inputs[0].producer())
+        return sole_producer(node, 0, ("Relu",)) and (node, node.inputs[0].producer())
 
     def rewrite(self, model: "Model", match: Any) -> None:
         node, relu = match
         rt = relu_composed(real_thresholds_of(model, node))
         node.replace_input_with(0, relu.inputs[0])
         model.remove_node(relu)
-        _set(model, node, rt)
+        store_thresholds(model, node, rt)
 
 
 @dataclass(frozen=True)
@@ -174,7 +164,7 @@ class AbsorbAddIntoMultiThreshold(Rule):
     op_types = ("MultiThreshold",)
 
     def match(self, model: "Model", node: ir.Node) -> LinearIntoThresholds | Miss | None:
-        add = _mt_input_node(model, node, "Add")
+        add = sole_producer(node, 0, ("Add",))
         if add is None:
             return None
         c = const_operand(add)
@@ -193,7 +183,7 @@ class AbsorbAddIntoMultiThreshold(Rule):
         rt = match.rt if match.rt is not None else real_thresholds_of(model, node).shifted(vec)
         node.replace_input_with(0, add.inputs[1 - match.const_index])
         model.remove_node(add)
-        _set(model, node, rt)
+        store_thresholds(model, node, rt)
 
 
 @register_pass(group="absorb")
@@ -210,7 +200,7 @@ class AbsorbMulIntoMultiThreshold(Rule):
     op_types = ("MultiThreshold",)
 
     def match(self, model: "Model", node: ir.Node) -> LinearIntoThresholds | Miss | None:
-        mul = _mt_input_node(model, node, "Mul")
+        mul = sole_producer(node, 0, ("Mul",))
         if mul is None:
             return None
         c = const_operand(mul)
@@ -239,7 +229,7 @@ class AbsorbMulIntoMultiThreshold(Rule):
         rt = absorbed
         node.replace_input_with(0, mul.inputs[1 - match.const_index])
         model.remove_node(mul)
-        _set(model, node, rt)
+        store_thresholds(model, node, rt)
 
 
 def _mul_absorbed(rt: RealThresholds, vec: np.ndarray) -> RealThresholds:

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.core.graphutil import clip_bounds
+from finnlite.core.graphutil import clip_bounds, sole_producer
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
-from streamline.absorb import _mt_input_node, _set, absorb_channel_vector, real_thresholds_of, set_channel_axis
+from streamline.absorb import absorb_channel_vector, real_thresholds_of, set_channel_axis, store_thresholds
 from streamline.real_thresholds import RealThresholds
 
 _OPS = ("Tanh", "Sigmoid", "LeakyRelu", "PRelu", "HardSigmoid", "Clip")
@@ -79,7 +79,7 @@ class AbsorbMonotoneIntoMultiThreshold(Rule):
     op_types = ("MultiThreshold",)
 
     def match(self, model: Any, node: ir.Node) -> Any:
-        act = next((p for op in _OPS if (p := _mt_input_node(model, node, op)) is not None), None)
+        act = next((p for op in _OPS if (p := sole_producer(node, 0, (op,))) is not None), None)
         if act is None:
             return None
         op, axis, slopes = act.op_type, None, None
@@ -110,7 +110,7 @@ class AbsorbMonotoneIntoMultiThreshold(Rule):
         if act.op_type == "Clip":
             node.replace_input_with(0, act.inputs[0])
             model.remove_node(act)
-            _set(model, node, rt.clip_composed(*slopes))
+            store_thresholds(model, node, rt.clip_composed(*slopes))
             return
         rows = max(rt.shape[0], 1 if slopes is None else len(slopes))
         real = rt.broadcast_channels(rows).real if rows != rt.shape[0] else rt.real
@@ -130,7 +130,7 @@ class AbsorbMonotoneIntoMultiThreshold(Rule):
             set_channel_axis(node, axis)
         node.replace_input_with(0, act.inputs[0])
         model.remove_node(act)
-        _set(model, node, RealThresholds(base, new_strict))
+        store_thresholds(model, node, RealThresholds(base, new_strict))
 
 
 MONOTONE_PASSES = [AbsorbMonotoneIntoMultiThreshold]

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
-from finnlite.core.graphutil import zero_padded
+from custom_ops.base import attrs_of
+from finnlite.core.graphutil import sole_producer, zero_padded
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
-from streamline.absorb import _mt_input_node, materialize, mt_channel_axis, real_thresholds_of
-from streamline.exact import channel_vector, exact_value
+from streamline.absorb import materialize, mt_channel_axis, real_thresholds_of
+from streamline.exact import channel_vector, exact_value, linear_input
 from streamline.preprocess import integer_input_scale
 from streamline.real_thresholds import RealThresholds, set_real_thresholds
-from streamline.reorder import _conv_attrs, _linear_input
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model
@@ -111,10 +111,10 @@ class AbsorbBorderIntoThresholds(Rule):
     op_types = ("MultiThreshold",)
 
     def match(self, model: "Model", node: ir.Node) -> Any:
-        conv = _mt_input_node(model, node, "Conv")
+        conv = sole_producer(node, 0, ("Conv",))
         if conv is None or len(conv.inputs) != 2 or not zero_padded(conv):
             return None
-        lin = _linear_input(conv, 0, ("Add",))
+        lin = linear_input(conv, 0, ("Add",))
         w = const_array(conv.inputs[1])
         if lin is None or w is None:
             return None
@@ -149,7 +149,7 @@ class AbsorbBorderIntoThresholds(Rule):
         patterns, index = np.unique(mask.reshape(mask.shape[0], -1).T, axis=0, return_inverse=True)
         index = index.reshape(-1)
         o, cg = w.shape[0], w.shape[1]
-        groups = int(_conv_attrs(conv).get("group", 1))
+        groups = int(attrs_of(conv).get("group", 1))
         c = in_shape[1]
         p = p * c if len(p) == 1 else p
         # S[o, c_local, g]: the integer sum of W[o, c_local, tap] over the taps inside in pattern g

@@ -35,12 +35,12 @@ from custom_ops.bipolar_quant import bipolar_quant
 from custom_ops.quant import max_int, min_int, quant
 from custom_ops.registry import QONNX_DOMAIN, is_standard_domain
 from finnlite.core.datatypes import BaseDataType, DataType, int_type, smallest_int_type
-from finnlite.core.graphutil import add_constant, annotate, clip_bounds, rank_of, take_over
+from finnlite.core.graphutil import add_constant, annotate, clip_bounds, ensure_custom_domain, rank_of, take_over
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from streamline.convert_common import (DEFAULT_MAX_THRESHOLD_BITS, FLOAT32, QUANT_OPS, BitLimit, Channels,
                                        Unsupported, channels_of, check_threshold_count, const_input, custom_op,
-                                       drop_unused, ensure_custom_domain, is_custom, layout_for, positive_scale,
+                                       drop_unused, is_custom, layout_for, positive_scale,
                                        scalar_int)
 from streamline.real_thresholds import RealThresholds, quant_real_thresholds, set_real_thresholds
 from streamline.thresholds import StepFunction, check_thresholds, float32_to_key, least_float32_reaching

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from custom_ops.registry import QONNX_DOMAIN, is_custom_domain, make_op
+from custom_ops.registry import is_custom_domain, make_op
 from finnlite.core.datatypes import BaseDataType, DataType
 from finnlite.core.errors import FinnliteError
 from finnlite.core.graphutil import add_constant, annotate, take_over
@@ -157,11 +157,6 @@ def layout_for(axis: int, rank: int) -> str:
 
 
 # -- graph edits ------------------------------------------------------------------------------------------------
-def ensure_custom_domain(model: "Model") -> None:
-    """Import the qonnx custom-op domain (version 1) if the model does not yet."""
-    model.graph.opset_imports.setdefault(QONNX_DOMAIN, 1)
-
-
 def append_binary(model: "Model", value: ir.Value, op_type: str, const: np.ndarray, *, name: str,
                   datatype: BaseDataType | str = "FLOAT32") -> tuple[ir.Node, ir.Value]:
     """Insert ``op_type(value, const)`` right after the producer of ``value`` and make every former consumer of

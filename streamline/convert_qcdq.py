@@ -49,10 +49,10 @@ from custom_ops.quant import max_int, min_int, quant
 from custom_ops.registry import QONNX_DOMAIN, is_standard_domain
 from finnlite.core.datatypes import smallest_int_type
 from finnlite.core.errors import OpError
-from finnlite.core.graphutil import add_constant, clip_bounds, take_over
+from finnlite.core.graphutil import add_constant, clip_bounds, ensure_custom_domain, name_or_op, take_over
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
-from streamline.convert_common import drop_unused, ensure_custom_domain
+from streamline.convert_common import drop_unused
 from finnlite.core.policies import equality
 
 if TYPE_CHECKING:
@@ -114,14 +114,10 @@ class _QParams:
                 and np.array_equal(self.scale, other.scale) and np.array_equal(self.zero, other.zero))
 
 
-def _label(node: ir.Node) -> str:
-    return node.name or node.op_type
-
-
 def _qparams(node: ir.Node, int_dtype: ir.DataType | None) -> _QParams:
     """The parameters of a QuantizeLinear/DequantizeLinear node; :class:`OpError` naming it where they are not
     constant, not float32, or use block quantization or a non-integer type."""
-    label = _label(node)
+    label = name_or_op(node)
     if node.attributes.get("block_size") is not None and node.attributes["block_size"].value:
         raise OpError(f"{node.op_type}: block quantization (block_size) is not supported", node=label)
     scale_v = node.inputs[1] if len(node.inputs) > 1 else None
@@ -175,12 +171,12 @@ def _clip_bounds(node: ir.Node) -> tuple[int | None, int | None]:
     bounds = clip_bounds(node)
     if bounds is None:
         raise OpError("Clip between QuantizeLinear and DequantizeLinear: the bounds must be scalar constants",
-                      node=_label(node))
+                      node=name_or_op(node))
     return tuple(None if b is None else int(b) for b in bounds)  # type: ignore[return-value]
 
 
 def _read_chain(node: ir.Node) -> _Chain | None:
-    label = _label(node)
+    label = name_or_op(node)
     v = node.inputs[0]
     clip: ir.Node | None = None
     p = v.producer()
@@ -193,12 +189,12 @@ def _read_chain(node: ir.Node) -> _Chain | None:
     if q is not None:
         qp = _qparams(q, int_value.dtype)
         if not qp.same_as(params):
-            raise OpError(f"QuantizeLinear '{_label(q)}' and this DequantizeLinear use different scales, zero-points "
-                          "or types (a requantization), which no Quant expresses", node=label)
+            raise OpError(f"QuantizeLinear '{name_or_op(q)}' and this DequantizeLinear use different scales, "
+                          "zero-points or types (a requantization), which no Quant expresses", node=label)
         source = q.inputs[0]
         if source.dtype is not None and source.dtype != ir.DataType.FLOAT:
-            raise OpError(f"QuantizeLinear '{_label(q)}': input type {source.dtype.name}, only float32 is supported",
-                          node=label)
+            raise OpError(f"QuantizeLinear '{name_or_op(q)}': input type {source.dtype.name}, only float32 is "
+                          "supported", node=label)
     else:
         source = v
     constant = const_array(source)
@@ -210,7 +206,7 @@ def _read_chain(node: ir.Node) -> _Chain | None:
         lo = lo if c_lo is None else max(lo, c_lo)
         hi = hi if c_hi is None else min(hi, c_hi)
         if lo > hi:
-            raise OpError(f"the Clip '{_label(clip)}' leaves an empty integer range", node=label)
+            raise OpError(f"the Clip '{name_or_op(clip)}' leaves an empty integer range", node=label)
     return _Chain(node, source, q is not None, params, lo - params.zero, hi - params.zero, constant)
 
 
@@ -271,7 +267,7 @@ class QCDQToQuant(Rule):
 
     # -- activations ---------------------------------------------------------------------------------------
     def _activation(self, model: "Model", c: _Chain) -> ir.Value:
-        p, label = c.params, _label(c.dq)
+        p, label = c.params, name_or_op(c.dq)
         rank = len(c.source.shape) if c.source.shape is not None else None
         if p.axis is not None and rank is None:
             raise OpError("per-axis DequantizeLinear of a tensor of unknown rank", node=label, tensor=c.source.name)
@@ -298,8 +294,8 @@ class QCDQToQuant(Rule):
         a, b = _plateau_point(lo, s), _plateau_point(hi, s)
         if a is None or b is None:
             raise OpError(f"no float32 input reaches the integer range [{lo}, {hi}] at scale {float(s)!r}",
-                          node=_label(c.dq))
-        base = _label(c.dq)
+                          node=name_or_op(c.dq))
+        base = name_or_op(c.dq)
         out = model.make_value_like(x, prefix=f"{base}_clip")
         clip = ir.Node("", "Clip", [x, add_constant(model, np.array(a, np.float32), f"{base}_clip_lo", None),
                                     add_constant(model, np.array(b, np.float32), f"{base}_clip_hi", None)],
@@ -311,7 +307,7 @@ class QCDQToQuant(Rule):
                std: tuple[int, bool, bool]) -> ir.Value:
         bits, signed, narrow = std
         ensure_custom_domain(model)
-        base = _label(dq)
+        base = name_or_op(dq)
         inputs = [x, add_constant(model, np.asarray(scale, np.float32), f"{base}_scale", None),
                   add_constant(model, np.zeros((), np.float32), f"{base}_zeropt", None),
                   add_constant(model, np.array(bits, np.float32), f"{base}_bitwidth", None)]
@@ -339,7 +335,7 @@ class QCDQToQuant(Rule):
         weight = (r.astype(np.float32) * scale).astype(np.float32)
         lo, hi = int(c.lo.min()), int(c.hi.max())
         std = standard_range(lo, hi) or _superset_range(lo, hi)
-        base = _label(c.dq)
+        base = name_or_op(c.dq)
         w = add_constant(model, weight, f"{base}_weight", None)
         if np.abs(r).max(initial=0) >= 2**_MAX_EXACT_BITS or not _reproduces(weight, scale, std):
             self.miss(c.dq, f"the {std[0]}-bit constant is kept as its float32 value (a Quant would not reproduce "

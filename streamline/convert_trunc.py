@@ -26,12 +26,12 @@ from custom_ops.registry import QONNX_DOMAIN, is_standard_domain, make_op
 from custom_ops.trunc import trunc_v2
 from finnlite.core.datatypes import BaseDataType, DataType, is_integer_type, smallest_int_type
 from finnlite.core.errors import FinnliteError
-from finnlite.core.graphutil import add_constant, annotate, rank_of, take_over
+from finnlite.core.graphutil import add_constant, annotate, ensure_custom_domain, rank_of, take_over
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from streamline.convert_acts import StepQuantizer, emit_multithreshold, solve_thresholds
 from streamline.convert_common import (DEFAULT_MAX_THRESHOLD_BITS, FLOAT32, BitLimit, Unsupported, channels_of,
-                                       check_threshold_count, const_input, drop_unused, ensure_custom_domain,
+                                       check_threshold_count, const_input, drop_unused,
                                        is_custom, positive_scale, scalar_int)
 from finnlite.core.policies import equality
 

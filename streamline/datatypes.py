@@ -31,7 +31,7 @@ from finnlite.core.graphutil import zero_padded
 from finnlite.core.passes import Transformation, register_pass
 from finnlite.core.ranges import WeightSums, accumulator_range, weight_sums
 from finnlite.core.shapes import const_array
-from finnlite.core.tensors import DepthwiseWeight
+from finnlite.core.tensors import element_values
 
 #: ops whose output holds only values of their (first) input
 _MOVE_OPS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "MaxPoolNHWC", "Identity",
@@ -214,11 +214,6 @@ def _cache(model: Any) -> _ConstCache:
     return cache
 
 
-def _element_values(t: Any) -> np.ndarray:
-    """The values of tensor ``t`` (for a depthwise weight, the values its dense matrix holds: same range)."""
-    return t.element_values() if isinstance(t, DepthwiseWeight) else t.numpy()
-
-
 def _weight_tensor(node: ir.Node) -> Any:
     v = node.inputs[1] if len(node.inputs) > 1 else None
     return v.const_value if v is not None else None
@@ -233,7 +228,7 @@ def infer_ranges(model: Any) -> dict[str, Range]:
         ranges[v.name] = Range.of_datatype(model.get_tensor_datatype(v.name))
     for name, v in model.graph.initializers.items():
         t = v.const_value
-        ranges[name] = cache.get(t, "range", lambda t=t: Range.of_array(_element_values(t))) if t is not None \
+        ranges[name] = cache.get(t, "range", lambda t=t: Range.of_array(element_values(t))) if t is not None \
             else Range.unknown()
     for node in model.graph:
         ins = []

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from finnlite.core.graphutil import sole_producer
 from finnlite.core.shapes import const_array
 from streamline.real_thresholds import fractions_of
 
@@ -33,6 +34,14 @@ def const_operand(node: ir.Node) -> tuple[int, np.ndarray] | None:
         return None
     return (1, c1) if c1 is not None else (0, c0)  # type: ignore[return-value]
 
+
+
+def linear_input(node: ir.Node, index: int, ops: tuple[str, ...]) -> tuple[ir.Node, int, np.ndarray] | None:
+    """``(lin, ci, value)`` if input ``index`` of ``node`` is produced by a Mul/Add in ``ops`` (``lin``) with a
+    constant operand (input ``ci``, ``value``), feeding only ``node``."""
+    lin = sole_producer(node, index, ops)
+    c = const_operand(lin) if lin is not None else None
+    return None if c is None else (lin, c[0], c[1])
 
 def exact_value(node: ir.Node, value: np.ndarray) -> np.ndarray:
     """The exact constant of ``node`` as an object array of Fractions (its metadata if present, else ``value``)."""

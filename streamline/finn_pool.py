@@ -17,9 +17,9 @@ import onnx_ir as ir
 from custom_ops.registry import QONNX_DOMAIN
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.passes import Rule, register_pass
-from finnlite.core.graphutil import add_constant
-from streamline.lower_common import ensure_custom_domain, new_value, shape_of
-from streamline.reduce import _keepdims, reduce_axes
+from finnlite.core.graphutil import add_constant, ensure_custom_domain
+from streamline.lower_common import new_value, shape_of
+from streamline.reduce import keepdims, reduce_axes
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model
@@ -48,7 +48,7 @@ class LowerGlobalSum(Rule):
         shape = shape_of(model, x)
         if shape is None or len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in shape):
             return self.miss(node, "the input's shape is not static")
-        if reduce_axes(node) != [1, 2] or not _keepdims(node):
+        if reduce_axes(node) != [1, 2] or not keepdims(node):
             return None
         if not model.has_tensor_datatype(x.name) or not is_integer_type(model.get_tensor_datatype(x.name)):
             return self.miss(node, "the input is not an integer tensor")

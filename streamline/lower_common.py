@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from custom_ops.registry import QONNX_DOMAIN, is_custom_domain
+from custom_ops.registry import is_custom_domain
 from finnlite.core.blockwise import all_blocks, all_integral
 from finnlite.core.datatypes import BaseDataType, DataType, datatype_of_values, is_integer_type, smallest_int_type
 from finnlite.core.graphutil import annotate
@@ -85,11 +85,6 @@ def is_op(node: ir.Node | None, *op_types: str, custom: bool | None = None) -> b
     if custom is None:
         return True
     return is_custom_domain(node.domain) == custom
-
-
-def ensure_custom_domain(model: "Model") -> None:
-    """Import the qonnx custom-op domain (version 1) if the model does not yet."""
-    model.graph.opset_imports.setdefault(QONNX_DOMAIN, 1)
 
 
 def shape_of(model: "Model", v: ir.Value) -> tuple[int, ...] | None:

@@ -18,12 +18,13 @@ import onnx_ir as ir
 from custom_ops.im2col import conv_output_dim
 from custom_ops.registry import QONNX_DOMAIN
 from finnlite.core.datatypes import is_integer_type
-from finnlite.core.graphutil import add_constant, channel_order, is_standard_domain, set_channel_order, take_over
+from finnlite.core.graphutil import (add_constant, channel_order, ensure_custom_domain, is_standard_domain,
+                                     set_channel_order, take_over)
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from finnlite.core.tensors import DepthwiseWeight, depthwise_matrix
-from streamline.lower_common import (TO_NCHW, TO_NHWC, annotated_or_values, attr, ensure_custom_domain,
-                                     fitting_datatype, new_value, set_tensor_sparsity, shape_of, union_datatype)
+from streamline.lower_common import (TO_NCHW, TO_NHWC, annotated_or_values, attr, fitting_datatype, new_value,
+                                     set_tensor_sparsity, shape_of, union_datatype)
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model

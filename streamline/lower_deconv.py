@@ -17,10 +17,10 @@ import onnx_ir as ir
 from custom_ops.fmpadding_pixel import pixel_padded_dim
 from custom_ops.im2col import conv_output_dim
 from custom_ops.registry import HW_DOMAIN, QONNX_DOMAIN
-from finnlite.core.graphutil import add_constant, is_standard_domain, take_over
+from finnlite.core.graphutil import add_constant, ensure_custom_domain, is_standard_domain, take_over
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
-from streamline.lower_common import (TO_NCHW, TO_NHWC, annotated_or_values, attr, ensure_custom_domain,
+from streamline.lower_common import (TO_NCHW, TO_NHWC, annotated_or_values, attr,
                                      fitting_datatype, new_value, shape_of)
 from streamline.lower_conv import NCHW, NHWC, conv_weight_matrix
 

@@ -17,10 +17,10 @@ import onnx_ir as ir
 from custom_ops.maxpoolnhwc import pool_output_dim
 from custom_ops.registry import QONNX_DOMAIN
 from finnlite.core.datatypes import is_integer_type
-from finnlite.core.graphutil import add_constant, is_standard_domain, take_over
+from finnlite.core.graphutil import add_constant, ensure_custom_domain, is_standard_domain, take_over
 from finnlite.core.passes import Miss, Rule, register_pass
 from streamline.exact import set_exact
-from streamline.lower_common import TO_NCHW, TO_NHWC, attr, ensure_custom_domain, new_value, shape_of
+from streamline.lower_common import TO_NCHW, TO_NHWC, attr, new_value, shape_of
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model

@@ -6,9 +6,8 @@ MultiThreshold absorbs a ReLU only when it reads it directly (:class:`streamline
 this rule brings the ReLU there, so that the scale and bias before it can move on too.
 
 The data-movement ops here (``DATA_MOVEMENT``) are the ones whose every output element is one element of their data
-input(s), plus MaxPool, a monotone selection; with the op-algebra table of issue 33 this tuple would be its
-"data movement" class and ``ACTIVATIONS`` its "elementwise monotone" class (those applying one function to every
-element).
+input(s), plus MaxPool, a monotone selection; ``ACTIVATIONS`` are the elementwise monotone ops (those applying
+one monotone function to every element).
 """
 
 from __future__ import annotations

@@ -31,8 +31,7 @@ from finnlite.core.errors import ConfigError, DataTypeError
 from finnlite.core.graphutil import is_standard_domain, rank_of, zero_padded
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
-from streamline.exact import channel_vector, exact_value
-from streamline.reorder import _linear_input
+from streamline.exact import channel_vector, exact_value, linear_input
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model
@@ -208,7 +207,7 @@ class MoveAddPastPaddedConv(Rule):
     op_types = ("Conv",)
 
     def match(self, model: Any, node: ir.Node) -> Any:
-        lin = _linear_input(node, 0, ("Add",))
+        lin = linear_input(node, 0, ("Add",))
         w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if lin is None or w is None or not zero_padded(node):
             return None

@@ -54,7 +54,8 @@ def _count(node: ir.Node, axes: list[int]) -> int | None:
     return int(np.prod(dims)) if all(isinstance(d, int) for d in dims) else None
 
 
-def _keepdims(node: ir.Node) -> bool:
+def keepdims(node: ir.Node) -> bool:
+    """Whether reduction ``node`` keeps the reduced axes (GlobalAveragePool always does; ``keepdims`` defaults to 1)."""
     if node.op_type == "GlobalAveragePool":
         return True
     k = node.attributes.get("keepdims")
@@ -90,7 +91,7 @@ class GlobalAverageToReduceSum(Rule):
         y = node.outputs[0]
         opset = model.graph.opset_imports.get("", 13)
         sums = model.make_value_like(y, f"{node.name}_sum")
-        attrs = [ir.AttrInt64("keepdims", int(_keepdims(node)))]
+        attrs = [ir.AttrInt64("keepdims", int(keepdims(node)))]
         inputs = [node.inputs[0]]
         if opset >= 13:
             inputs.append(model.add_initializer(np.asarray(axes, np.int64), prefix=f"{node.name}_axes"))

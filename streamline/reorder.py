@@ -17,33 +17,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
+from custom_ops.base import attrs_of
 from finnlite.core.graphutil import is_standard_domain, rank_of, zero_padded
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array, const_shape
-from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
+from streamline.exact import (channel_vector, const_operand, exact_value, linear_input, set_exact, shaped_for_axis,
+                              to_float32)
 from streamline.move import (MoveAddPastAveraging, MoveDataMovementPastElementwise, MoveLinearPastDataMovement,
                              MoveMulPastLinear)
 from streamline.real_thresholds import exact_sums, fractions_of
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model
-
-
-def _linear_input(node: ir.Node, index: int, ops: tuple[str, ...]) -> Any:
-    """``(lin, ci, value)`` if input ``index`` of ``node`` is produced by a Mul/Add in ``ops`` with a constant
-    operand, feeding only ``node``."""
-    v = node.inputs[index] if index < len(node.inputs) else None
-    if v is None:
-        return None
-    lin = v.producer()
-    if lin is None or lin.op_type not in ops or not is_standard_domain(lin.domain):
-        return None
-    if len(v.uses()) != 1 or v.is_graph_output():
-        return None
-    c = const_operand(lin)
-    if c is None:
-        return None
-    return lin, c[0], c[1]
 
 
 def _move_after(model: Any, lin: ir.Node, ci: int, node: ir.Node, index: int,
@@ -72,7 +57,7 @@ class MoveAddPastMatMul(Rule):
     aliases = ("MoveScalarAddPastMatMul",)
 
     def match(self, model: "Model", node: ir.Node) -> Any:
-        lin = _linear_input(node, 0, ("Add",))
+        lin = linear_input(node, 0, ("Add",))
         if lin is None:
             return None
         w_shape = const_shape(node.inputs[1])  # not the values: a depthwise weight would be made dense
@@ -94,10 +79,6 @@ class MoveAddPastMatMul(Rule):
         _move_after(model, lin, ci, node, 0, bw.reshape(1, -1) if rank_of(node.outputs[0], constants=False) else bw)
 
 
-def _conv_attrs(node: ir.Node) -> dict[str, Any]:
-    return {k: a.value for k, a in node.attributes.items()}
-
-
 @register_pass(group="reorder")
 class MoveAddPastConv(Rule):
     """Conv(Add(x, b), W) → Add(Conv(x, W), c) with c_o = Σ_{i,k} W[o, i, k]·b_i, for an unpadded Conv.
@@ -108,7 +89,7 @@ class MoveAddPastConv(Rule):
     op_types = ("Conv",)
 
     def match(self, model: "Model", node: ir.Node) -> Any:
-        lin = _linear_input(node, 0, ("Add",))
+        lin = linear_input(node, 0, ("Add",))
         w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if lin is None or w is None:
             return None
@@ -122,7 +103,7 @@ class MoveAddPastConv(Rule):
 
     def rewrite(self, model: "Model", match: Any) -> None:
         node, (lin, ci, _), vec, w, rank = match
-        group = int(_conv_attrs(node).get("group", 1))
+        group = int(attrs_of(node).get("group", 1))
         out_ch, in_per_group = w.shape[0], w.shape[1]
         per_group_out = out_ch // group
         wsum = exact_sums(w.reshape(out_ch, in_per_group, -1), axis=2)  # exact: float32 sums can round
@@ -148,11 +129,11 @@ class MoveMulPastRelu(Rule):
     op_types = ("Relu",)
 
     def match(self, model: "Model", node: ir.Node) -> Any:
-        lin = _linear_input(node, 0, ("Mul",))
+        lin = linear_input(node, 0, ("Mul",))
         add = None
         if lin is None:
-            add = _linear_input(node, 0, ("Add",))
-            lin = _linear_input(add[0], 1 - add[1], ("Mul",)) if add is not None else None
+            add = linear_input(node, 0, ("Add",))
+            lin = linear_input(add[0], 1 - add[1], ("Mul",)) if add is not None else None
             uses = node.outputs[0].uses()
             if lin is None or uses and all(u.node.op_type == "MultiThreshold" for u in uses):
                 return None  # a quantizer reading the Relu absorbs the chain as it is
@@ -244,11 +225,11 @@ class MoveLinearPastEltwiseAdd(Rule):
     def match(self, model: "Model", node: ir.Node) -> Any:
         if const_operand(node) is not None or len(node.inputs) != 2:
             return None
-        sides = [_linear_input(node, i, ("Mul", "Add")) for i in (0, 1)]
+        sides = [linear_input(node, i, ("Mul", "Add")) for i in (0, 1)]
         if all(s is None for s in sides):
             return None
         for lin in sides:  # let CollapseRepeated* merge a chain of the same op first (Add after Mul is canonical)
-            if lin is not None and _linear_input(lin[0], 1 - lin[1], (lin[0].op_type,)) is not None:
+            if lin is not None and linear_input(lin[0], 1 - lin[1], (lin[0].op_type,)) is not None:
                 return None
         for side, lin in enumerate(sides):
             if lin is not None and lin[0].op_type == "Add":
@@ -318,7 +299,7 @@ class MoveMulPastEltwiseMul(Rule):
         if any(v is None or const_array(v) is not None for v in node.inputs):
             return None
         for side in (0, 1):
-            lin = _linear_input(node, side, ("Mul",))
+            lin = linear_input(node, side, ("Mul",))
             if lin is not None:
                 return node, side, lin
         return None

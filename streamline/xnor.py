@@ -11,11 +11,11 @@ import onnx_ir as ir
 from custom_ops.registry import QONNX_DOMAIN
 from finnlite.core.blockwise import all_in
 from finnlite.core.datatypes import DataType, smallest_int_type
-from finnlite.core.graphutil import add_constant, annotate, take_over
+from finnlite.core.graphutil import add_constant, annotate, ensure_custom_domain, take_over
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from finnlite.core.tensors import DepthwiseWeight
-from streamline.lower_common import attr, copy_annotations, ensure_custom_domain, is_op, set_attr
+from streamline.lower_common import attr, copy_annotations, is_op, set_attr
 from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
 
 if TYPE_CHECKING:

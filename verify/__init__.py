@@ -1,5 +1,5 @@
-"""Verification: policies, reference data, per-pass checking, the final check, bisection, structural checks and
-the integer-only report.
+"""Verification: policies, reference data, per-pass checking, the final check and bisection (the integer-only
+report, :func:`finnlite.float_report.float_report`, is a face's).
 
 Typical use::
 
@@ -9,7 +9,6 @@ Typical use::
     report = PassManager(stages, [hook]).run(model)                    # raises PassVerificationError on a bad pass
     print(final_check(ref, model).summary())                           # the streamlined model vs the original
     # (outputs, and: datatype claims, output dequantization, thresholds and weights against the original's)
-    print(float_report(model, report).text())                          # what is still float, and why
 
 Passes declare how they are checked with :func:`equality`, :func:`tolerance` or :func:`metric`.
 """
@@ -18,13 +17,10 @@ from verify.annotations import AnnotationIssue, check_annotations
 from verify.bisect import BisectResult, bisect_pipeline
 from verify.compare import TensorDiff, compare_tensor, quant_step
 from verify.final import FinalCheck, OutputCheck, TieSite, final_check, integer_tail
-from verify.float_report import FloatNode, FloatReport, float_report
 from verify.hook import CheckRecord, PassVerificationError, VerificationHook
 from finnlite.core.policies import (DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, equality, metric,
                                     resolve_policy, tolerance)
 from verify.reference import ReferenceData, ReferenceDataError
-from verify.run import VerifiedRun, verified_run
-from verify.structure import Issue, StructureReport, check_datatypes, check_structure
 from verify.ties import Margin, NearTie
 from verify.locate import Divergence, first_divergence
 from verify.proofs import ProofIssue, prove_thresholds
@@ -40,9 +36,6 @@ __all__ = [
     "VerificationHook", "Verifier", "CheckOutcome", "PassVerificationError", "CheckRecord",
     "FinalCheck", "OutputCheck", "TieSite", "final_check", "integer_tail",
     "BisectResult", "bisect_pipeline",
-    "Issue", "StructureReport", "check_structure", "check_datatypes",
-    "FloatNode", "FloatReport", "float_report",
-    "VerifiedRun", "verified_run",
     "AnnotationIssue", "check_annotations", "TailIssue", "check_tail", "ProofIssue", "prove_thresholds",
     "WeightIssue", "compare_weights", "Divergence", "first_divergence",
 ]

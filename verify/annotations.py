@@ -33,7 +33,7 @@ from finnlite.core.datatypes import BaseDataType, is_integer_type, parse_datatyp
 from finnlite.core.errors import DataTypeError
 from finnlite.core.model import Model
 from finnlite.core.ranges import accumulator_range, weight_sums
-from finnlite.core.tensors import DepthwiseWeight
+from finnlite.core.tensors import element_values
 from verify.region import executor_with_outputs, node_label, topo_order
 
 __all__ = ["AnnotationIssue", "check_annotations", "observed_ranges", "derived_ranges"]
@@ -111,10 +111,6 @@ def _out_dtype(node: ir.Node) -> BaseDataType | None:
     except DataTypeError:
         return None
     return dt if is_integer_type(dt) else None
-
-
-def _values_of(t: Any) -> np.ndarray:
-    return t.element_values() if isinstance(t, DepthwiseWeight) else t.numpy()
 
 
 def _mt_levels(node: ir.Node) -> tuple[float, float, bool, bool] | None:
@@ -217,7 +213,7 @@ def check_annotations(model: Any, reference: Any = None, *, samples: int | None 
         dt = _int_datatype(m, name)
         if dt is None or v.const_value is None:
             continue
-        arr = np.asarray(_values_of(v.const_value))  # in its own dtype: min, max and rint are exact
+        arr = np.asarray(element_values(v.const_value))  # in its own dtype: min, max and rint are exact
         s = _Seen()
         s.add(arr)
         why = _violation(dt, s.lo, s.hi, s.integer, s.zero) if arr.size else None

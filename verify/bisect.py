@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from finnlite.core.model import Model, as_model
-from finnlite.core.passes import Pass, PassManager, PassRecord, Rule, Stage, _instantiate
+from finnlite.core.passes import Pass, PassManager, PassRecord, Rule, Stage, instantiate
 from finnlite.core.policies import DEFAULT_POLICY, Policy, resolve_policy
 from verify.heal import describe_match
 from verify.hook import PassVerificationError, VerificationHook
@@ -101,7 +101,7 @@ def _failing_pass(current: Pass, stage: Stage, err: PassVerificationError) -> Pa
     if err.pass_name == current.name:
         return current
     for q in stage.passes:
-        q = _instantiate(q)
+        q = instantiate(q)
         if q.name == err.pass_name:
             return q
     return None  # a stage check of a single run names the stage: nothing to re-apply

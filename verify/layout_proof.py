@@ -48,6 +48,7 @@ from custom_ops.multithreshold import channel_axis_of
 from finnlite.core.model import Model
 from finnlite.core.shapes import const_array
 from finnlite.core.tensors import DepthwiseWeight
+from streamline.lower_common import identity, inverse
 from verify.region import node_label, topo_order
 
 log = logging.getLogger(__name__)
@@ -65,14 +66,6 @@ _ELEMENTWISE = frozenset({
 _REDUCE = frozenset({"ReduceSum", "ReduceMax", "ReduceMin", "ReduceMean"})
 
 
-def _identity(rank: int) -> Perm:
-    return tuple(range(rank))
-
-
-def _inverse(perm: Perm) -> Perm:
-    return tuple(int(i) for i in np.argsort(perm))
-
-
 @dataclass(frozen=True)
 class Rep:
     """``tensor = canonical(term).transpose(perm)``, or ``canonical(term)[:, cols]`` when ``cols`` is set."""
@@ -83,7 +76,7 @@ class Rep:
 
     @property
     def plain(self) -> bool:
-        return self.cols is None and self.perm == _identity(len(self.perm))
+        return self.cols is None and self.perm == identity(len(self.perm))
 
 
 @dataclass
@@ -215,7 +208,7 @@ class _Canon:
         self.parts: dict[str, tuple[ir.Node, tuple]] = {}
         for v in model.graph.inputs:
             shape = _shape(v)
-            self.reps[v.name] = Rep(terms.term(("input", v.name)), _identity(len(shape)) if shape else ())
+            self.reps[v.name] = Rep(terms.term(("input", v.name)), identity(len(shape)) if shape else ())
         for node in topo_order(list(model.graph)):
             self.visit(node)
 
@@ -257,7 +250,7 @@ class _Canon:
         keys = tuple(("t", self.phys(x)) if kind == "t" else (self.terms.const(x) if kind == "c" else ("none",))
                      for kind, x in ins)
         key = ("op", node.domain or "", node.op_type, _attrs(node), keys)
-        self.emit(node, key, [Rep(0, _identity(len(o.shape)) if o.shape is not None else ()) for o in node.outputs])
+        self.emit(node, key, [Rep(0, identity(len(o.shape)) if o.shape is not None else ()) for o in node.outputs])
 
     # -- the rules -----------------------------------------------------------------------------------------------
     def visit(self, node: ir.Node) -> None:
@@ -274,7 +267,7 @@ class _Canon:
             if r.cols is None:
                 attr = node.attributes.get("perm")
                 rank = len(r.perm) or (len(attr.value) if attr is not None else 0)
-                p = r.perm or _identity(rank)
+                p = r.perm or identity(rank)
                 q = tuple(int(i) for i in attr.value) if attr is not None else tuple(range(rank - 1, -1, -1))
                 if q and len(q) == len(p):
                     self.reps[node.outputs[0].name] = Rep(r.term, tuple(p[i] for i in q))
@@ -318,7 +311,7 @@ class _Canon:
         rank = len(p)
         if any(r.perm != p for r in dyn) or not rank:
             return False
-        inv = _inverse(p)
+        inv = inverse(p)
         keys = []
         for kind, x in ins:
             if kind == "c":
@@ -427,7 +420,7 @@ class _Canon:
         if any(r.perm != p or r.cols is not None for r in dyn) or not p:
             return False
         axis = int(node.attributes["axis"].value) % len(p)
-        inv = _inverse(p)
+        inv = inverse(p)
         keys = tuple(("t", x.term) if kind == "t" else self.terms.const(
             x.array.reshape((1,) * (len(p) - x.ndim) + x.shape).transpose(inv)) for kind, x in ins if kind != "none")
         self.emit(node, ("Concat", p[axis], keys), Rep(0, p))
@@ -601,12 +594,12 @@ def _relayout(value: np.ndarray, old: Rep, new: Rep) -> np.ndarray:
     arr = np.asarray(value)
     if old.cols is not None:
         canon = arr[:, np.argsort(old.cols)]
-    elif old.perm and old.perm != _identity(len(old.perm)):
-        canon = np.transpose(arr, _inverse(old.perm))
+    elif old.perm and old.perm != identity(len(old.perm)):
+        canon = np.transpose(arr, inverse(old.perm))
     else:
         canon = arr
     if new.cols is not None:
         return np.ascontiguousarray(canon[:, list(new.cols)])
-    if new.perm and new.perm != _identity(len(new.perm)):
+    if new.perm and new.perm != identity(len(new.perm)):
         return np.ascontiguousarray(np.transpose(canon, new.perm))
     return canon

@@ -24,7 +24,7 @@ and ``a·x + b`` is exact in float64 on the range (all terms multiples of ``2^g`
 integer bias is absorbed (``z = x + b``, ``T_new = T − b``: every jump is a tie) or a scale (an accumulator near
 2^19 times a float32 scale: the least-squares slope is off by more than its residual suggests, far from the
 samples' mean). An old MultiThreshold is judged by its real thresholds where it carries them
-(:func:`_real_form`): its float32 thresholds decide only float32 inputs, and the mapped points are float64.
+(:func:`~streamline.real_thresholds.encoded_real_thresholds`): its float32 thresholds decide only float32 inputs, and the mapped points are float64.
 A mismatch is returned as ``(message, node, tensor)`` naming the node and the channel; where
 the conditions do not hold nothing is proved (debug log) and the sampled comparison stands alone.
 """
@@ -41,7 +41,8 @@ from finnlite.core.model import Model
 from finnlite.core.policies import Equality, Policy, Tolerance
 from finnlite.core.shapes import const_array
 from verify.compare import is_integer_tensor
-from verify.proofs import _QUANTIZERS, RESIDUAL32, AffineFit, _quantize, _step, fit_affine, prove_levels
+from verify.proofs import (PROOF_QUANTIZERS, RESIDUAL32, AffineFit, fit_affine, prove_levels, quantize_original,
+                           quantizer_step)
 from streamline.exact import EXACT_KEY
 from streamline.real_thresholds import encoded_real_thresholds
 from verify.region import node_label
@@ -80,25 +81,18 @@ def _attr(node: Any, name: str, default: Any) -> Any:
     return node.attributes[name].value if name in node.attributes else default
 
 
-def _real_form(old: Any, stored: np.ndarray) -> Any:
-    """The real thresholds ``R`` (:mod:`streamline.real_thresholds`) that the old MultiThreshold's stored ones
-    encode, or None. A node made from a quantizer stores the least float32 ``T ≥ R``: ``x ≥ T`` decides ``x ≥ R``
-    for every float32 ``x``, but the fit maps an integer to a float64 value, which can lie between ``R`` and ``T``
-    (an accumulator near 2^19 times a scale: a float32 step there is 2^-8). What the pass must keep is the
-    real-number meaning, which the rewritten node is made from: where the stored thresholds are its float32 form
-    (:func:`~streamline.real_thresholds.encoded_real_thresholds`), the old node's levels are counted against ``R``
-    itself."""
-    return encoded_real_thresholds(old, stored)
-
-
 def _old_levels(old: Any, before: Model, channels: int, rest: int) -> tuple[Any, np.ndarray] | None:
     """The old node's level function on ``[C, M]`` real inputs and its per-channel output step, or None. An old
-    MultiThreshold's levels are counted against its real thresholds where it carries them (:func:`_real_form`)."""
-    if old.op_type in _QUANTIZERS:
-        step = _step(old, channels, rest)
+    MultiThreshold whose stored thresholds are the float32 form of the real ones it carries
+    (:func:`~streamline.real_thresholds.encoded_real_thresholds`) has its levels counted against the real ones: the
+    fit maps an integer to a float64 value, which can lie between ``R`` and its float32 form ``T`` (an accumulator
+    near 2^19 times a scale: a float32 step there is 2^-8), and what the pass must keep is the real-number
+    meaning, which the rewritten node is made from."""
+    if old.op_type in PROOF_QUANTIZERS:
+        step = quantizer_step(old, channels, rest)
 
         def quantized(x: np.ndarray) -> np.ndarray | None:
-            out = _quantize(old, before, x.T.reshape((x.shape[1], channels) + (1,) * (rest - 1)))
+            out = quantize_original(old, before, x.T.reshape((x.shape[1], channels) + (1,) * (rest - 1)))
             return None if out is None else out.reshape(x.shape[1], channels).T
         return (quantized, step) if step is not None else None
     thr = const_array(old.inputs[1]) if len(old.inputs) > 1 and old.inputs[1] is not None else None
@@ -106,7 +100,7 @@ def _old_levels(old: Any, before: Model, channels: int, rest: int) -> tuple[Any,
     if thr is None or thr.ndim != 2 or thr.shape[0] not in (1, channels) or scale == 0:
         return None
     step = np.full(channels, abs(scale))
-    rt = _real_form(old, np.asarray(thr))
+    rt = encoded_real_thresholds(old, np.asarray(thr))
     if rt is not None:
         return (lambda x: scale * rt.count_passed(x).astype(np.float64) + bias), step
     t = np.broadcast_to(np.asarray(thr, np.float64), (channels, thr.shape[1]))
@@ -216,7 +210,7 @@ def prove_changed_thresholds(verifier: Any, model: Model, outcome: Any, policy: 
         label = node_label(node)
         old = snap.producers.get(node.outputs[0].name)
         x = node.inputs[0].name if node.inputs and node.inputs[0] is not None else ""
-        if old is None or old.op_type not in ("MultiThreshold", *_QUANTIZERS) or not old.inputs or not x:
+        if old is None or old.op_type not in ("MultiThreshold", *PROOF_QUANTIZERS) or not old.inputs or not x:
             _skip(label, "no MultiThreshold or quantizer made its output before the pass")
             continue
         dt = model.get_tensor_datatype(x)

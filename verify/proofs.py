@@ -56,15 +56,15 @@ log = logging.getLogger(__name__)
 __all__ = ["ProofIssue", "prove_thresholds", "prove_levels", "proof_inputs", "proof_samples", "RESIDUAL", "TIE_RTOL"]
 
 RESIDUAL = 1e-3
-#: the same against the original's float32 execution (its rounding: ~1e-3 of a step on mobilenet_v1_4b)
+#: the same against the original's float32 execution (which adds its own rounding, up to about 1e-3 of a step)
 RESIDUAL32 = 0.05
 TIE_RTOL = 1e-9
 #: with ``extrapolate``, a fitted map is trusted to this relative precision at most (16 float32 steps): its samples
 #: are float32 numbers whose rounding grows with their magnitude, so the largest ones, which fix the slope, carry the
-#: largest errors, and the residuals understate how far the line can be off away from the samples (seen on a
-#: ResNet-18's accumulators near 2^17, extrapolated 8.7 standard deviations: 1.7e-3 off, against a bound of 1.3e-3)
+#: largest errors, and the residuals understate how far the line can be off away from the samples
 EXTRAPOLATION_RTOL = 2.0**-20
-_QUANTIZERS = ("Quant", "BipolarQuant")
+#: the original quantizers whose levels a proof recomputes
+PROOF_QUANTIZERS = ("Quant", "BipolarQuant")
 
 
 @dataclass
@@ -137,7 +137,7 @@ def _source_scale(original: Model, v: Any, depth: int = 8) -> bytes | None:
         node = v.producer() if v is not None else None
         if node is None:
             return None
-        if node.op_type in _QUANTIZERS:
+        if node.op_type in PROOF_QUANTIZERS:
             scale = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
             return None if scale is None else np.asarray(scale, np.float64).tobytes()
         computed = [u for u in node.inputs if u is not None and const_array(u) is None]
@@ -164,7 +164,7 @@ def _after_join(original: Model, z: str, depth: int = 8) -> bool:
     input quantizer."""
     for _ in range(depth):
         node = original.find_producer(z)
-        if node is None or node.op_type in _QUANTIZERS:
+        if node is None or node.op_type in PROOF_QUANTIZERS:
             return False
         computed = [v for v in node.inputs if v is not None and const_array(v) is None]
         if node.op_type == "Concat" or (node.op_type == "Add" and len(computed) == 2):
@@ -187,9 +187,9 @@ def _matches(model: Model, original: Model) -> list[_Match]:
         if not is_integer_tensor(model, a) or model.is_initializer(a):
             continue
         q = producers.get(node.outputs[0].name)
-        if (q is None or q.op_type not in _QUANTIZERS) and node.name.endswith("_MultiThreshold"):
+        if (q is None or q.op_type not in PROOF_QUANTIZERS) and node.name.endswith("_MultiThreshold"):
             q = named.get(node.name[:-len("_MultiThreshold")])
-        if q is None or q.op_type not in _QUANTIZERS or q.inputs[0] is None:
+        if q is None or q.op_type not in PROOF_QUANTIZERS or q.inputs[0] is None:
             continue
         z, relu = q.inputs[0].name, False
         before = producers.get(z)
@@ -290,7 +290,7 @@ def _channels_first(arr: np.ndarray, nhwc: bool) -> np.ndarray:
     return moved.reshape(moved.shape[0], moved.shape[1], -1)
 
 
-def _quantize(q: Any, original: Model, x: np.ndarray) -> np.ndarray | None:
+def quantize_original(q: Any, original: Model, x: np.ndarray) -> np.ndarray | None:
     """The original quantizer ``q`` on ``x`` (``[levels, C, 1, ...]``), in float64; None if its parameters do not
     broadcast so (then nothing is proved)."""
     from custom_ops.registry import make_op
@@ -516,7 +516,7 @@ def _verdict(p: _Pending, model: Model, original: Model, z64: list[np.ndarray],
     return ProofIssue(label, p.mt.mt.inputs[1].name, qlabel, wrong64[both[0]]) if both else None
 
 
-def _step(q: Any, channels: int, rest: int) -> np.ndarray | None:
+def quantizer_step(q: Any, channels: int, rest: int) -> np.ndarray | None:
     """Per channel, the original quantizer's output step (``|s|``; ``2|s|`` for a bipolar one)."""
     scale = const_array(q.inputs[1]) if len(q.inputs) > 1 else None
     if scale is None:
@@ -534,13 +534,13 @@ def _level_function(mt: _Match, original: Model, channels: int, rest: int
                     ) -> tuple[Callable[[np.ndarray], np.ndarray | None], np.ndarray] | None:
     """The original quantizer of ``mt`` (in float64; a Relu in front of it applied first) as a level function of
     ``[C, M]`` real inputs, and its per-channel output step; None if its scale does not broadcast per channel."""
-    step = _step(mt.q, channels, rest)
+    step = quantizer_step(mt.q, channels, rest)
     if step is None:
         return None
 
     def levels(x: np.ndarray) -> np.ndarray | None:
         shape = (x.shape[1], channels) + (1,) * (rest - 1)
-        out = _quantize(mt.q, original, (np.maximum(x, 0.0) if mt.relu else x).T.reshape(shape))
+        out = quantize_original(mt.q, original, (np.maximum(x, 0.0) if mt.relu else x).T.reshape(shape))
         return None if out is None else out.reshape(x.shape[1], channels).T
 
     return levels, step

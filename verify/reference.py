@@ -304,7 +304,7 @@ class ReferenceData:
 
     def original(self) -> Model:
         """The original model as a :class:`finnlite.Model` (shared; do not modify), holding the snapshot's weight
-        arrays as they are (not serialized into a proto and parsed again: ResNet-18's 44 MB twice)."""
+        arrays as they are (not serialized into a proto and parsed again, which would copy every weight twice)."""
         if self._original is None:
             if "proto" in self._shared:
                 self._original = Model(self._shared["proto"], check=False)

@@ -306,8 +306,10 @@ def _value_info(name: str, arr: np.ndarray) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape))
 
 
-def _model_of(protos: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
-              opsets: dict[str, int]) -> onnx.ModelProto:
+def model_of(protos: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
+            opsets: dict[str, int]) -> onnx.ModelProto:
+    """A model of the nodes ``protos``: ``inputs`` as graph inputs, ``constants`` as initializers, every output of
+    the nodes a graph output, with the opset imports ``opsets``."""
     graph = helper.make_graph(list(protos), "region", [_value_info(n, a) for n, a in inputs.items()],
                               [onnx.ValueInfoProto(name=o) for p in protos for o in p.output if o],
                               initializer=[numpy_helper.from_array(np.asarray(a), n) for n, a in constants.items()])
@@ -321,7 +323,7 @@ def subgraph_model(nodes: Sequence[ir.Node], inputs: dict[str, np.ndarray], cons
                    opsets: dict[str, int]) -> onnx.ModelProto:
     """A model of just ``nodes``: ``inputs`` are graph inputs (typed and shaped like the example arrays given),
     ``constants`` initializers, and every tensor the nodes produce is a graph output."""
-    return _model_of([ir.serde.serialize_node(n) for n in nodes], inputs, constants, opsets)
+    return model_of([ir.serde.serialize_node(n) for n in nodes], inputs, constants, opsets)
 
 
 def descendants(model: Model, tensors: Iterable[str]) -> tuple[set[int], set[str]]:
@@ -426,7 +428,7 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
             const_values[name] = samples[0][name]
         else:
             feeds0[name] = samples[0][name]
-    model = _model_of(protos, feeds0, const_values, after.graph.opset_imports)
+    model = model_of(protos, feeds0, const_values, after.graph.opset_imports)
     ex = Executor(model, dtype=dtype, constants=big)
     windows = [(p, make_op(p)) for p in protos if p.op_type == "Im2Col" and p.domain and p.input and p.output]
     results = []

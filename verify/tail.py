@@ -33,7 +33,7 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.executor import Executor
-from verify.region import _model_of, constant_tensors, node_label, topo_order
+from verify.region import model_of, constant_tensors, node_label, topo_order
 
 __all__ = ["TailIssue", "check_tail", "TAIL_RTOL", "last_quantizers", "float64_from_levels", "tail_outputs64"]
 
@@ -210,7 +210,7 @@ def float64_from_levels(reference: Any, targets: Sequence[str], samples: Sequenc
     def feeds(i: int) -> dict[str, np.ndarray]:
         return {fed: np.asarray(runs[i][out], np.float64) for out, fed in levels.items()}
 
-    ex = Executor(_model_of(protos, feeds(samples[0]), consts, original.graph.opset_imports), dtype=np.float64)
+    ex = Executor(model_of(protos, feeds(samples[0]), consts, original.graph.opset_imports), dtype=np.float64)
     return {i: {t: v for t, v in ex.run(feeds(i)).items() if t in targets} for i in samples}
 
 

@@ -36,9 +36,9 @@ __all__ = ["NearTie", "Margin", "margin_at", "split_near_ties", "is_bipolar", "Q
 
 #: nodes whose output levels are decided by comparisons with boundaries
 QUANTIZER_OPS = ("Quant", "IntQuant", "BipolarQuant", "MultiThreshold")
-#: the relative distance to a boundary below which a margin counts as near (:meth:`Margin.is_near`); it describes,
-#: it no longer decides a near-tie (float64 evidence does: :func:`split_near_ties`), and the ``rtol`` that
-#: :func:`split_near_ties` still takes (the configuration's ``near_tie_rtol``) is kept for compatibility only
+#: the relative distance to a boundary below which a margin counts as near (:meth:`Margin.is_near`); it describes
+#: a near-tie but does not decide one (float64 evidence does: :func:`split_near_ties`, which takes the
+#: configuration's ``near_tie_rtol`` as ``rtol`` and does not use it)
 DEFAULT_NEAR_TIE_RTOL = 1e-4
 #: more one-step differences than this in one tensor of one sample are not accepted as near-ties (they are rare)
 MAX_NEAR_TIES = 256

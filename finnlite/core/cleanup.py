@@ -4,17 +4,14 @@ Folding evaluates a standard-domain node whose inputs are all constants with onn
 executor uses) and replaces it by an initializer. Custom ops (Quant and friends) are never folded here: weight
 quantizers are folded deliberately by the convert stage, which annotates the result with its datatype.
 
-Why not onnxscript's optimizer (``onnxscript.optimizer.fold_constants``, onnx_ir's ``RemoveUnusedNodesPass``),
-measured on a shared 2-core machine (issue 25, item 5):
+Why not onnxscript's optimizer (``onnxscript.optimizer.fold_constants``, onnx_ir's ``RemoveUnusedNodesPass``):
 
-* inexact: its evaluator is onnx's numpy reference, which differs from onnxruntime in the last bit on 10⁵ random
-  float32 inputs for Log (4 470 values), Exp (39 563), Pow(x, 0.5) (46), Tanh (60 827), Sigmoid (64 221) and Erf
-  (16 164); TorchScript exports compute BatchNorm's √(σ²+ε) with a Pow and a Trunc's bit width with a Log. It is
-  exact on data movement, Cast and + − × ÷ √ (no difference), so it could fold those only, onnxruntime the rest;
-* too slow for that: with it for those ops, the tidy stage's CPU time grew from 7.0 to 9.9 ms (ResNet-18), 7.7
-  to 11 ms (MobileNet v1) and 24 to 30 ms (ProxylessNAS mobile14) — a folding call costs about 14 µs per node
-  against 5 µs here —, importing onnxscript adds about 1 s to a run, and ``RemoveUnusedNodesPass`` looks up every
-  node's schema (54 ms against 0.5 ms for the functions below on ProxylessNAS), in every streamlining round;
+* inexact: its evaluator is onnx's numpy reference, which differs from onnxruntime in the last bit for Log, Exp,
+  Pow(x, 0.5), Tanh, Sigmoid and Erf; TorchScript exports compute BatchNorm's √(σ²+ε) with a Pow and a Trunc's bit
+  width with a Log. It is exact on data movement, Cast and + − × ÷ √, so it could fold those only, onnxruntime the
+  rest;
+* slower for that: its folding call costs more per node than the one here, importing onnxscript is slow, and
+  ``RemoveUnusedNodesPass`` looks up every node's schema in every streamlining round;
 * it leaves custom domains alone (no evaluator for them), as this module does; its default size limits (inputs over
   8192 elements) would leave a Reshape of a conv weight unfolded.
 """

@@ -14,21 +14,46 @@ import numpy as np
 import onnx_ir as ir
 
 from finnlite.core.datatypes import BaseDataType, parse_datatype
-from finnlite.core.ops import STANDARD_DOMAINS, is_standard_domain
+from finnlite.core.ops import QONNX_DOMAIN, STANDARD_DOMAINS, is_standard_domain
 from finnlite.core.shapes import const_array
 from finnlite.core.tensors import DepthwiseWeight
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model
 
-__all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "channel_order", "clip_bounds", "is_standard_domain",
-           "rank_of", "reorder_channels", "set_channel_order", "take_over", "zero_padded"]
+__all__ = ["STANDARD_DOMAINS", "add_constant", "annotate", "channel_order", "clip_bounds", "ensure_custom_domain",
+           "is_standard_domain", "name_or_op", "rank_of", "reorder_channels", "set_channel_order", "sole_producer",
+           "take_over", "zero_padded"]
 
 _QA_KEY = "quant_parameter_tensor_names"  # where Model keeps annotations (see finnlite.core.model)
 _DT_KEY = "finn_datatype"
 _LAYOUT_KEY = "tensor_layout"
 #: a MultiThreshold's channels relative to the original quantizer's (node metadata)
 _ORDER_KEY = "finnlite.channel_order"
+
+
+def name_or_op(node: ir.Node) -> str:
+    """A node's name, or its op type for an unnamed node (for messages)."""
+    return node.name or node.op_type
+
+
+def sole_producer(node: ir.Node, index: int, ops: Sequence[str]) -> ir.Node | None:
+    """The producer of input ``index`` of ``node`` if it is a standard-domain op in ``ops`` whose output feeds only
+    ``node`` (one use, not a graph output), else None: a node a rule may rewrite together with ``node``."""
+    v = node.inputs[index] if index < len(node.inputs) else None
+    if v is None:
+        return None
+    prod = v.producer()
+    if prod is None or prod.op_type not in ops or not is_standard_domain(prod.domain):
+        return None
+    if len(v.uses()) != 1 or v.is_graph_output():
+        return None
+    return prod
+
+
+def ensure_custom_domain(model: "Model") -> None:
+    """Import the qonnx custom-op domain (version 1) if the model does not yet."""
+    model.graph.opset_imports.setdefault(QONNX_DOMAIN, 1)
 
 
 def rank_of(v: ir.Value | None, *, constants: bool = True) -> int | None:

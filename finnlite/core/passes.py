@@ -157,7 +157,8 @@ class Rule(Transformation):
         return self.rewrites > 0
 
 
-def _instantiate(p: Pass | type[Pass] | str) -> Pass:
+def instantiate(p: Pass | type[Pass] | str) -> Pass:
+    """A pass instance from an instance (returned as it is), a pass class or a registered pass name."""
     if isinstance(p, str):
         p = get_pass(p)
     if isinstance(p, type):
@@ -178,7 +179,7 @@ def run_pass(model: "Model", p: Any) -> bool:
     function ``f(model) -> bool``, or a qonnx ``Transformation`` (instance or class, run through a qonnx
     ModelWrapper; the model's graph is then replaced by the result). Returns whether the model changed."""
     if isinstance(p, str) or (isinstance(p, type) and issubclass(p, Pass)):
-        p = _instantiate(p)
+        p = instantiate(p)
     elif isinstance(p, type):
         p = p()
     if isinstance(p, Transformation):
@@ -321,7 +322,7 @@ class PassManager:
 
     def run_stage(self, stage: Stage, model: "Model", report: RunReport) -> None:
         """Run one stage (to a fixpoint if it is one)."""
-        passes = [_instantiate(p) for p in stage.passes]
+        passes = [instantiate(p) for p in stage.passes]
         self._call("before_stage", stage, model)
         t0 = time.perf_counter()
         if not stage.fixpoint:

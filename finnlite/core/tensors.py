@@ -23,7 +23,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["DepthwiseWeight", "content_crc", "depthwise_matrix", "freeze", "is_frozen", "is_immutable"]
+__all__ = ["DepthwiseWeight", "content_crc", "depthwise_matrix", "element_values", "freeze", "is_frozen",
+           "is_immutable"]
 
 
 def freeze(array: np.ndarray) -> np.ndarray:
@@ -122,6 +123,11 @@ class DepthwiseWeight(ir.LazyTensor):
     def __repr__(self) -> str:
         c, kh, kw = self.kernel.shape
         return f"{self._repr_base()}(depthwise kernel [{c}, {kh}, {kw}], name={self.name!r})"
+
+
+def element_values(t: Any) -> np.ndarray:
+    """The values of tensor ``t`` (for a depthwise weight, the values its dense matrix holds: same range)."""
+    return t.element_values() if isinstance(t, DepthwiseWeight) else t.numpy()
 
 
 def content_crc(array: np.ndarray) -> int:

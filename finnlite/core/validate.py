@@ -30,6 +30,7 @@ from onnx import defs
 from finnlite.core.ops import is_custom_domain, is_standard_domain, make_op
 from finnlite.core.datatypes import parse_datatype
 from finnlite.core.errors import DataTypeError, FinnliteError, GraphError, OpError
+from finnlite.core.graphutil import name_or_op
 from finnlite.core.model import Model, iter_values
 from finnlite.core.shapes import const_array, infer_node_shapes
 
@@ -59,10 +60,6 @@ def validate_model(model: Model) -> None:
         raise type(exc)(exc.message, file=model.path, node=exc.node, tensor=exc.tensor) from None
 
 
-def _label(node: ir.Node) -> str:
-    return node.name or node.op_type
-
-
 def _check_annotations(model: Model) -> None:
     for v in iter_values(model):
         ann = v.meta.get("quant_parameter_tensor_names")
@@ -82,10 +79,10 @@ def _check_node(node: ir.Node, opsets: dict[str, int]) -> None:
         op.validate_strict(values)
         for v, arr in zip(node.inputs, values):
             if arr is not None and arr.dtype.kind == "f" and np.isnan(arr).any():
-                raise OpError(f"{node.op_type}: the constant input holds NaN", node=_label(node), tensor=v.name)
+                raise OpError(f"{node.op_type}: the constant input holds NaN", node=name_or_op(node), tensor=v.name)
     elif not is_standard_domain(domain) and domain not in _onnx_domains():
         raise OpError(f"unknown op domain '{domain}' for op '{node.op_type}' (finnlite runs the ONNX domains and "
-                      f"the QONNX/FINN custom ops)", node=_label(node))
+                      f"the QONNX/FINN custom ops)", node=name_or_op(node))
     _check_shapes(node, opsets)
 
 
@@ -118,7 +115,7 @@ def _check_shapes(node: ir.Node, opsets: dict[str, int]) -> None:
         if want is not None and got is not None and (
                 len(want) != len(got) or any(a is not None and b is not None and a != b for a, b in zip(want, got))):
             raise GraphError(f"the declared shape {_text(want)} contradicts the shape {_text(got)} inferred from "
-                             f"the {node.op_type}'s inputs", node=_label(node), tensor=out.name)
+                             f"the {node.op_type}'s inputs", node=name_or_op(node), tensor=out.name)
         if dtype is not None and got_dtype is not None and dtype != got_dtype and not is_custom_domain(node.domain):
             raise GraphError(f"the declared element type {dtype.name} contradicts the type {got_dtype.name} "
-                             f"inferred from the {node.op_type}'s inputs", node=_label(node), tensor=out.name)
+                             f"inferred from the {node.op_type}'s inputs", node=name_or_op(node), tensor=out.name)

@@ -5,7 +5,7 @@ Models live in ``tests/corpus/models/`` (committed, < 1 MB each) and in ``$FINNL
 the default pipeline (:func:`finnlite.build.streamline`, what the CLI runs, with its default per-pass checks) and
 measures what the corpus test asserts and the corpus report (``python -m bench.corpus``) prints:
 
-* integer-only: no interior float node (:func:`verify.float_report`), no Quant / BipolarQuant / Trunc /
+* integer-only: no interior float node (:func:`finnlite.float_report.float_report`), no Quant / BipolarQuant / Trunc /
   BatchNormalization left, and each output's dequantization at most one Mul and one Add (and shape ops);
 * at most one Transpose per image or sequence (4-D or 3-D) graph input (one at least), and one per such graph
   output (its way back to NCHW/NCW at the tail);

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from finnlite import Model
-from verify import ReferenceData, final_check, float_report
+from verify import ReferenceData, final_check
+from finnlite.float_report import float_report
 
 pytestmark = [pytest.mark.zoo, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ def cache() -> "object":
 
 
 _LAYERWISE = ("impossible exactly, and finnlite streamline says so at the node with the user's change "
-              "(verify.grid_cause): Brevitas' layerwise backend quantizes only layer inputs, so {what}; the change: "
+              "(finnlite.grid_cause): Brevitas' layerwise backend quantizes only layer inputs, so {what}; the change: "
               "the fx backend (which quantizes layer outputs and requantizes residual Adds) or power-of-two scales, "
               "as ptq_mobilenetv2_layerwise_w4a4_pt_po2, which passes")
 

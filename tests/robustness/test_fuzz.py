@@ -2,12 +2,13 @@
 
 Every drawn graph is streamlined by :func:`streamline.pipeline.streamline_model` and checked by the oracle:
 
-* the structure is valid (:func:`verify.check_structure`: no cycle, no dangling or dead node, nothing unfolded),
-  and the result passes the pre-flight validation of an input model (:func:`finnlite.core.validate.validate_model`);
+* the structure is valid (:func:`tests.verify.structure.check_structure`: no cycle, no dangling or dead node,
+  nothing unfolded), and the result passes the pre-flight validation of an input model (:func:`finnlite.core.validate.validate_model`);
 * on reference inputs, the streamlined model (run in float32) agrees with the original run in float64
   (:func:`verify.final_check`): integer outputs level for level, float outputs within a relative 1e-5 of their
   magnitude; a disagreement with the original's float32 execution alone is a float32 near-tie and allowed;
-* every tensor annotated with an integer datatype holds integers of that datatype (:func:`verify.check_datatypes`).
+* every tensor annotated with an integer datatype holds integers of that datatype
+  (:func:`tests.verify.structure.check_datatypes`).
 
 The last two are first tried by a stricter, cheaper comparison (:func:`_fast_agreement`); only a graph that does not
 pass it goes to ``final_check`` and ``check_datatypes``, whose verdict counts.
@@ -42,7 +43,8 @@ from finnlite.core.io import save_proto
 from finnlite.core.validate import validate_model
 from streamline.pipeline import streamline_model
 from tests.robustness.fuzzgraphs import FuzzGraph, from_saved, fuzz_graphs
-from verify import ReferenceData, check_datatypes, check_structure, final_check
+from verify import ReferenceData, final_check
+from tests.verify.structure import check_datatypes, check_structure
 from verify.compare import fits_datatype
 
 REGRESSIONS = Path(__file__).parent / "regressions"

@@ -14,7 +14,8 @@ from custom_ops.executor import Executor
 from finnlite import Model
 from finnlite.core.compat import fix_ir_version, ort_session
 from streamline.pipeline import streamline_model
-from verify import ReferenceData, VerificationHook, final_check, float_report
+from verify import ReferenceData, VerificationHook, final_check
+from finnlite.float_report import float_report
 
 #: numpy type and ONNX type of each quantized element type the tests use
 QTYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int4": TensorProto.INT4,

@@ -30,8 +30,9 @@ from streamline.absorb import AbsorbMulIntoMultiThreshold
 from streamline.pipeline import default_stages, streamline_model
 from streamline.real_thresholds import RealThresholds, ThresholdPrecisionError
 from tests.verify.graphs import GraphBuilder, const
-from verify import PassVerificationError, ReferenceData, VerificationHook, final_check, float_report
-from verify.run import verified_run
+from verify import PassVerificationError, ReferenceData, VerificationHook, final_check
+from finnlite.float_report import float_report
+from tests.verify.verified_run import verified_run
 
 SEEDS = range(20)
 

@@ -26,7 +26,8 @@ from streamline.real_thresholds import fractions_of
 from streamline.reorder import REORDER_PASSES, MoveMulPastRelu
 from tests.streamline.convert_helpers import graph_model as qgraph, init, quant_node
 from tests.streamline.rulecheck import apply, compare, graph_model
-from verify import ReferenceData, final_check, float_report
+from verify import ReferenceData, final_check
+from finnlite.float_report import float_report
 
 
 def _x(rng, shape, integer: bool):

@@ -11,7 +11,7 @@ from finnlite.core.shapes import const_array
 from streamline.lower import LOWER_PASSES
 from streamline.lower_common import get_tensor_sparsity
 from tests.qonnx_ref import qonnx_execute
-from verify.structure import check_datatypes, check_structure
+from tests.verify.structure import check_datatypes, check_structure
 from tests.streamline.test_lower_common import (GraphBuilder, assert_exact, assert_transposes_only_at_input,
                                                 int_weights, op_types, run_passes)
 

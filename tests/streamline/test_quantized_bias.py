@@ -23,7 +23,8 @@ from streamline.exact import EXACT_KEY, exact_value
 from streamline.pipeline import streamline_model
 from tests.streamline.convert_helpers import graph_model, init, quant_node
 from tests.streamline.qcdq_helpers import model_of, qdq_nodes
-from verify import ReferenceData, final_check, float_report
+from verify import ReferenceData, final_check
+from finnlite.float_report import float_report
 
 
 def _bias_model(kind: str, seed: int, per_channel: bool, wbits: int, obits: int, relu: bool, signed_out: bool):

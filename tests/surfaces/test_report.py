@@ -16,7 +16,8 @@ from finnlite.build import streamline
 from finnlite.core.compat import QONNX_DOMAIN, make_model
 from finnlite.config import Config
 from finnlite.examples import build_tfc
-from finnlite.report import _BOX_W, _LANE_W, GraphPicture, StreamlineReport
+from finnlite.graphpic import BOX_W, LANE_W, GraphPicture
+from finnlite.report import StreamlineReport
 from tests.surfaces.conftest import HERE
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -166,7 +167,7 @@ def test_the_layout_of_a_150_node_graph_is_readable() -> None:
     svg = pic.svg()
     ET.fromstring(svg)
     boxes = {b.key for b in pic.boxes}
-    width = {k: (_BOX_W if k in boxes else _LANE_W) for k in lay.centers}
+    width = {k: (BOX_W if k in boxes else LANE_W) for k in lay.centers}
     rows: dict[float, list[tuple[float, float]]] = {}
     for k, (cx, top) in lay.centers.items():
         rows.setdefault(top, []).append((cx - width[k] / 2, cx + width[k] / 2))
@@ -176,7 +177,7 @@ def test_the_layout_of_a_150_node_graph_is_readable() -> None:
     for a, b in pic.edges:  # every edge points down
         assert lay.centers[a][1] < lay.centers[b][1]
     # the main chain stays in one column: the graph is at most three boxes wide
-    assert lay.right < 3 * (_BOX_W + 20) + 40
+    assert lay.right < 3 * (BOX_W + 20) + 40
     # each skip edge runs through a lane (one dummy per layer it crosses), not behind the boxes it passes
     skips = [(a, b) for a, b in pic.edges if lay.centers[b][1] - lay.centers[a][1] > 100]
     assert len(skips) == 30 and all(len(lay.lanes[e]) >= 2 for e in skips)

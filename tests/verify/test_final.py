@@ -9,7 +9,8 @@ from finnlite import Stage, VerificationError
 from tests.verify.graphs import GraphBuilder, add_relu, batchnorm, matmul_bias_relu
 from tests.verify.test_hook import FoldBatchNorm, RenameNodes
 from tests.verify.test_wrong_rewrites import AddSelf
-from verify import PassVerificationError, ReferenceData, final_check, integer_tail, verified_run
+from verify import PassVerificationError, ReferenceData, final_check, integer_tail
+from tests.verify.verified_run import verified_run
 
 
 def test_float_outputs_within_rtol() -> None:

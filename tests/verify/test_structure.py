@@ -9,7 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 from finnlite import GraphError, Model
 from finnlite.core.compat import make_model
 from tests.verify.graphs import GraphBuilder, add_relu, int_multithreshold, quant_graph
-from verify import ReferenceData, check_datatypes, check_structure
+from verify import ReferenceData
+from tests.verify.structure import check_datatypes, check_structure
 
 
 def _vi(name: str):

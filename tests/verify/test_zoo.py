@@ -17,7 +17,9 @@ import pytest
 
 from finnlite import Model
 from tests.zoo import ZOO_MODELS, manifest, zoo_model_path
-from verify import ReferenceData, VerificationHook, check_datatypes, check_structure, final_check, float_report
+from verify import ReferenceData, VerificationHook, final_check
+from tests.verify.structure import check_datatypes, check_structure
+from finnlite.float_report import float_report
 
 pytestmark = pytest.mark.zoo
 

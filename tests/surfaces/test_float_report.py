@@ -6,7 +6,8 @@ import numpy as np
 
 from finnlite import PassManager, Rule, Stage
 from tests.verify.graphs import GraphBuilder, const
-from verify import ReferenceData, VerificationHook, float_report
+from verify import ReferenceData, VerificationHook
+from finnlite.float_report import float_report
 
 
 def _network(unsupported: bool):

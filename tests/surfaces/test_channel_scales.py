@@ -7,7 +7,7 @@ import pytest
 
 from finnlite.core.compat import QONNX_DOMAIN
 from tests.verify.graphs import GraphBuilder
-from verify import float_report
+from finnlite.float_report import float_report
 
 _T = np.tile(np.arange(15, dtype=np.float32) - 7.0, (4, 1))
 

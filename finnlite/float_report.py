@@ -22,12 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from finnlite.channel_scales import channel_scale_cause
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.model import Model, as_model
 from finnlite.core.passes import Miss
-from verify.channel_scales import channel_scale_cause
-from verify.float_gate import float_gate_cause
-from verify.grid_cause import grid_cause
+from finnlite.float_gate import float_gate_cause
+from finnlite.grid_cause import grid_cause
 from verify.final import integer_tail
 from verify.region import constant_tensors, node_label, topo_order
 
@@ -54,7 +54,7 @@ class FloatNode:
     reason: str
     closest: Miss | None = None
     misses: list[Miss] = field(default_factory=list)
-    #: why no rule can make it integer, and what the user can change (:mod:`verify.channel_scales`), or ""
+    #: why no rule can make it integer, and what the user can change (:mod:`finnlite.channel_scales`), or ""
     cause: str = ""
 
     def to_dict(self) -> dict[str, Any]:
