@@ -24,8 +24,8 @@ and ``a·x + b`` is exact in float64 on the range (all terms multiples of ``2^g`
 integer bias is absorbed (``z = x + b``, ``T_new = T − b``: every jump is a tie) or a scale (an accumulator near
 2^19 times a float32 scale: the least-squares slope is off by more than its residual suggests, far from the
 samples' mean). An old MultiThreshold is judged by its real thresholds where it carries them
-(:func:`~streamline.real_thresholds.encoded_real_thresholds`): its float32 thresholds decide only float32 inputs, and the mapped points are float64.
-A mismatch is returned as ``(message, node, tensor)`` naming the node and the channel; where
+(:func:`~streamline.real_thresholds.encoded_real_thresholds`): its float32 thresholds decide only float32
+inputs, and the mapped points are float64. A mismatch is returned as ``(message, node, tensor)`` naming the node and the channel; where
 the conditions do not hold nothing is proved (debug log) and the sampled comparison stands alone.
 """
 
