@@ -4,7 +4,7 @@ needs before it reads the model.
 Each command runs as a user runs it (the venv's ``finnlite`` script, a fresh interpreter), medians of 7 runs.
 ``streamline imports`` is a fresh interpreter importing what the streamline command imports (the CLI, the build
 step and through it the pipeline, the verifier and the executor), ``import sympy`` what onnx_ir's import of sympy
-costs on its own, and ``python -c pass`` the interpreter alone.
+would cost on its own (finnlite defers it: :mod:`finnlite.core.lazy`), and ``python -c pass`` the interpreter alone.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from finnlite.core.lazy import defer_sympy
+
+defer_sympy()  # onnx_ir imports sympy but finnlite never needs it at start-up (finnlite.core.lazy)
+
 __version__ = "0.1.0"
 
 #: public name -> the core module that defines it
