@@ -25,8 +25,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-import networkx as nx
-
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.model import Model
 from finnlite.cost import derived_datatypes
@@ -144,6 +142,8 @@ class GraphPicture:
 
     def layout(self) -> "_Layout":
         """Where every box goes, and the lanes of edges that span several layers (module docstring)."""
+        import networkx as nx  # only pictures need it: not imported with the report
+
         g = nx.DiGraph()
         g.add_nodes_from(b.key for b in self.boxes)
         g.add_edges_from(self.edges)
