@@ -386,10 +386,9 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
         t0 = time.perf_counter()
         plan = getattr(reference, "boundary_plan", None)
         if plan is not None:
-            result.final = boundary_check(reference, m, plan, float_rtol=cfg.verification.float_rtol,
-                                          float64="mismatch")
+            result.final = boundary_check(reference, m, plan, float_rtol=cfg.verification.float_rtol)
         else:
-            result.final = final_check(reference, m, float_rtol=cfg.verification.float_rtol, float64="mismatch")
+            result.final = final_check(reference, m, float_rtol=cfg.verification.float_rtol)
         dt = time.perf_counter() - t0
         result.seconds += dt
         seconds["final check"] = dt

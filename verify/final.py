@@ -14,6 +14,11 @@ each output is compared with both executions of the original:
   agreement with float32 execution is accepted as a near-tie too: neither execution decides that element.
 * **Float outputs** (no integer tensor behind them) are compared within ``float_rtol`` of the output's magnitude.
 
+The original runs in float64 only on the samples where the streamlined model disagrees with its float32 execution:
+a sample that agrees with float32 is taken to agree with float64 too (the two executions of the original differ
+only at float32 near-ties, where a correct streamlined model follows float64); no sample that disagrees with both
+is accepted.
+
 The streamlined model runs in float32, its deployment arithmetic. Its integer parts are exact there, but a model
 whose input is float keeps a float first layer: it accumulates in float32, and the thresholds of its quantizer are
 float32 numbers, so no float execution of it is exact. A sample that disagrees with float64 execution of the
@@ -345,7 +350,8 @@ class _Sample(dict):
 
 
 class _LazyFloat64:
-    """The original's float64 outputs, computed per sample on first use (``float64="mismatch"``)."""
+    """The original's float64 outputs, computed per sample on first use (module docstring: only samples that
+    disagree with its float32 execution, or that the tail check asks for)."""
 
     def __init__(self, reference: ReferenceData, b0: int) -> None:
         self.reference, self.b0 = reference, b0
@@ -381,8 +387,7 @@ class _FinalRun:
         #: per sample, the streamlined model's outputs and integer tensors before their tails
         self.slices: list[dict[str, np.ndarray]] = [{} for _ in range(self.n)]
         self.ref32: dict[str, np.ndarray] = {}
-        self.ref64_all: dict[str, np.ndarray] | None = None  # float64="all": the original's, stacked over samples
-        self.lazy64: _LazyFloat64 | None = None  # float64="mismatch": the original's, per sample on demand
+        self.lazy64 = _LazyFloat64(reference, self.b0)  # the original's float64 outputs, per sample on demand
         self.runners: dict[str, Any] = {}  # per output, its dequantization tail run in float64
         self.tail64: dict[int, dict[str, np.ndarray]] = {}  # the original's float64 outputs from its tail
         self.in64: Any = None  # the streamlined model run in float64 (its own float layers)
@@ -432,23 +437,15 @@ class _FinalRun:
             kept.clear()
         return outputs64
 
-    def load_original(self, float64: str, outputs64: dict[int, dict[str, np.ndarray]]) -> None:
-        """The original's float32 outputs on every sample, and its float64 ones (all now, or per sample later)."""
+    def load_original(self, outputs64: dict[int, dict[str, np.ndarray]]) -> None:
+        """The original's float32 outputs on every sample; its float64 ones come per sample, when asked for (those
+        the proofs computed are known already)."""
         self.ref32 = self.reference.outputs(np.float32)
-        if float64 == "mismatch":
-            self.lazy64 = _LazyFloat64(self.reference, self.b0)
-            self.lazy64.cache.update(outputs64)
-            return
-        try:
-            self.ref64_all = self.reference.outputs(np.float64)
-        except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
-            self.result.float64_error = f"{type(exc).__name__}: {exc}"
+        self.lazy64.cache.update(outputs64)
 
-    def _ref64(self, i: int) -> Any:
-        """The original's float64 outputs for sample ``i`` (stacked, or one :class:`_Sample`); None if they cannot
-        be computed (the error is recorded)."""
-        if self.lazy64 is None:
-            return self.ref64_all
+    def _ref64(self, i: int) -> _Sample | None:
+        """The original's float64 outputs for sample ``i``; None if they cannot be computed (the error is
+        recorded)."""
         try:
             return _Sample(self.lazy64.sample(i))
         except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
@@ -502,10 +499,9 @@ class _FinalRun:
         out = check.name
         ok32 = self.deviation(out, self.slices[i], self.ref32, i) < limit
         check.agree32 += int(ok32)
-        if ok32:
+        if ok32:  # then it agrees with float64 too (module docstring)
             agree32.add(i)
-            if self.lazy64 is not None:
-                return
+            return
         ref64 = self._ref64(i)
         if ref64 is None:
             if not ok32:
@@ -549,21 +545,18 @@ class _FinalRun:
         out, lazy64 = check.name, self.lazy64
         wrong = set(check.error_samples)
         agreeing = [i for i in range(self.n) if i not in wrong and i not in check.float_layer_ties]
-        have = [i for i in agreeing if lazy64 is not None and i in lazy64.cache]  # run in float64 already
+        have = [i for i in agreeing if i in lazy64.cache]  # run in float64 already
         chosen = (have or agreeing)[:tail_samples]
         # where the levels agree with float32 execution, the original's tail alone in float64 from those levels
         # (not the whole network): a sample where float32 and float64 execution part is run whole
-        fresh = [i for i in chosen if lazy64 is not None and i not in lazy64.cache and i in agree32]
+        fresh = [i for i in chosen if i not in lazy64.cache and i in agree32]
         chosen += [i for i in check.error_samples][:8]
         triples = []
         try:
             if any(i not in self.tail64 for i in fresh):
                 self.tail64.update(tail_outputs64(self.reference, [i for i in fresh if i not in self.tail64]) or {})
             for i in chosen:
-                if lazy64 is None:
-                    assert self.ref64_all is not None
-                    y64 = _slice(self.ref64_all[out], i, self.b0)
-                elif i not in lazy64.cache and i in agree32 and i in self.tail64:
+                if i not in lazy64.cache and i in agree32 and i in self.tail64:
                     y64 = self.tail64[i][out]
                 else:
                     y64 = lazy64.sample(i)[out]
@@ -609,17 +602,11 @@ class _FinalRun:
 
 
 def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-5, explain: int = 4,
-                float64: str = "all", annotations: bool = True, tail_samples: int = 2,
-                locate: bool = True, proofs: bool = True) -> FinalCheck:
+                annotations: bool = True, tail_samples: int = 2, locate: bool = True,
+                proofs: bool = True) -> FinalCheck:
     """Compare ``model`` (the streamlined model, run in float32) with the original model of ``reference`` run in
     float32 and in float64, on every reference sample (module docstring). ``explain``: for how many near-tie
     samples to find the quantizer where float32 and float64 execution of the original part.
-
-    ``float64="all"`` runs the original in float64 on every sample (what the tests require); ``"mismatch"`` runs it
-    only on the samples where the streamlined model disagrees with the original's float32 execution — a sample
-    that agrees with float32 is then taken to agree with float64 too (the two executions of the original differ
-    only at float32 near-ties, where the streamlined model follows float64). The faster mode is what the CLI and
-    the build step use; it never accepts a sample that disagrees with both.
 
     Further checks (each a failure of its own): ``annotations``: every integer datatype claim of ``model`` against
     the values seen on the samples and the ranges derived from the graph (:mod:`verify.annotations`);
@@ -629,11 +616,9 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     intermediate tensor that diverges (:mod:`verify.locate`); ``proofs``: every MultiThreshold matched to a quantizer
     of the original, on every integer input of its range (:mod:`verify.proofs`), and every weight matched to an
     original layer, element by element (:mod:`verify.weights`)."""
-    if float64 not in ("all", "mismatch"):
-        raise ValueError(f"float64 must be 'all' or 'mismatch', not {float64!r}")
     run = _FinalRun(reference, as_model(model), float_rtol)
     outputs64 = run.run_streamlined(annotations, proofs)
-    run.load_original(float64, outputs64)
+    run.load_original(outputs64)
     for out in run.m.output_names:
         run.compare_output(out, tail_samples)
     if locate:

@@ -10,7 +10,7 @@ are accepted and logged with their margins. A MultiThreshold the pass rewrote is
 input's range where :mod:`verify.mt_proof` can (a threshold off by one that no probe sample reaches fails the check,
 naming the node and the channel). The checks run in this process, each one before the next pass starts.
 
-A stage declared with ``granularity="stage"`` (:class:`finnlite.core.passes.Stage`) is checked once, at its end, for
+A stage declared with ``check_whole=True`` (:class:`finnlite.core.passes.Stage`) is checked once, at its end, for
 everything its passes changed; if that check fails, its pass runs are replayed one by one from the last verified
 version, each checked on its own, so that the error names the first failing pass.
 
@@ -139,12 +139,10 @@ def _safe(label: str) -> str:
 
 
 class VerificationHook:
-    """A pass-manager hook verifying each pass that changed the model (``granularity="pass"``, the default) against
-    cached reference values. ``"stage"`` checks what a whole stage changed at once and, on a failure, replays the
-    stage's passes one by one from the last verified version to name the first failing pass (cheaper only when the
-    passes keep tensor names for unchanged values); ``"off"`` disables it. With ``"pass"``, a stage that declares
-    ``granularity="stage"`` (:class:`finnlite.core.passes.Stage`) is still checked as a whole; ``"every-pass"`` checks
-    every pass on its own regardless.
+    """A pass-manager hook verifying each pass that changed the model against cached reference values (the
+    ``verify="each"`` mode of :func:`finnlite.build.streamline` and the CLI). A stage declaring ``check_whole=True``
+    (:class:`finnlite.core.passes.Stage`) is checked once, for what all its passes changed, at its end; on a
+    failure its passes are replayed one by one from the last verified version to name the first failing pass.
 
     ``reference``: a :class:`ReferenceData` built from the original model (default: 8 random samples in [-1, 1]
     drawn when the first stage starts). ``samples``: how many of its samples the per-pass checks use (default:
@@ -157,15 +155,12 @@ class VerificationHook:
     :func:`verify.verifier.tie_key` gives them, that no check accepts."""
 
     def __init__(self, reference: ReferenceData | None = None, *, samples: int | None = None,
-                 policy: Policy = DEFAULT_POLICY, granularity: str = "pass", save_dir: str | Path | None = None,
+                 policy: Policy = DEFAULT_POLICY, save_dir: str | Path | None = None,
                  near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL, heal: bool = False,
                  reject_ties: set[tuple[str, int, tuple[int, ...]]] | None = None) -> None:
-        if granularity not in ("pass", "every-pass", "stage", "off"):
-            raise ValueError(f"granularity must be 'pass', 'every-pass', 'stage' or 'off', not {granularity!r}")
         self.reference = reference
         self.samples = samples
         self.policy = policy
-        self.granularity = granularity
         self.save_dir = Path(save_dir) if save_dir is not None else None
         self.near_tie_rtol = near_tie_rtol
         self.verifier: Verifier | None = None
@@ -395,9 +390,7 @@ class VerificationHook:
 
     def _per_stage(self, stage: Any) -> bool:
         """True if ``stage``'s passes are checked together at its end."""
-        if self.granularity in ("stage", "every-pass"):
-            return self.granularity == "stage"
-        return getattr(stage, "granularity", None) == "stage"
+        return bool(getattr(stage, "check_whole", False))
 
     def _check_stage(self, model: Model, stage: Any) -> None:
         """Check everything the passes recorded since the last check did, at once (replayed on a failure)."""
@@ -415,17 +408,13 @@ class VerificationHook:
         self.declined_keys = manager.declined
 
     def before_stage(self, stage: Any, model: Model) -> None:
-        if self.granularity != "off":
-            self.start(model)
+        self.start(model)
         self._stage_runs = []
 
     def before_pass(self, p: Any, model: Model, stage: Any) -> None:
-        if self.granularity != "off":
-            self.start(model)
+        self.start(model)
 
     def after_pass(self, p: Any, model: Model, stage: Any, record: Any) -> None:
-        if self.granularity == "off":
-            return
         policy = resolve_policy(p, stage, self.policy)
         iteration = getattr(record, "iteration", None)
         # in a stage checked as a whole every pass waits for its end: checking the states between alone would run
