@@ -387,10 +387,6 @@ def _place(m: Model, layer: FirstLayer, prefix: _Prefix, data: np.ndarray, n: in
     return plan
 
 
-def _channel(index: tuple[int, ...], rows: int) -> int:
-    return index[1] if rows > 1 and len(index) > 1 else 0
-
-
 def _place_elementwise(prefix: _Prefix, x: np.ndarray, bounds: np.ndarray, pairs: list, near: list,
                        order: np.ndarray, turn: int, sample: int, lo: float, hi: float, zero: np.ndarray
                        ) -> list[Target]:

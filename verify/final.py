@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from custom_ops.executor import Executor
@@ -236,15 +235,6 @@ def _is_const(model: Model, v: ir.Value) -> bool:
         return True
     prod = v.producer()
     return prod is not None and prod.op_type == "Constant"
-
-
-def _with_outputs(model: Model, names: list[str]) -> onnx.ModelProto:
-    proto = model.to_proto()
-    have = {o.name for o in proto.graph.output}
-    for name in names:
-        if name not in have:
-            proto.graph.output.append(onnx.ValueInfoProto(name=name))
-    return proto
 
 
 def _slice(arr: np.ndarray, i: int, b0: int) -> np.ndarray:
