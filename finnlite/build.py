@@ -285,6 +285,85 @@ def _safe(what: str, fn: Callable[[], Any]) -> Any:
         return None
 
 
+def _run_pipeline(m: Model, stage_list: list[Any], hook: VerificationHook | None, reference: Any, heal: bool,
+                  options: dict[str, Any], result: VerificationResult, progress: Progress | None
+                  ) -> tuple[PassManager, VerificationHook | None, PassVerificationError | None]:
+    """Run the stages on ``m`` with ``hook``; with ``heal``, again from the original (at most
+    :data:`MAX_RESTARTS` times) when a check fails on an earlier pass's near-ties, with those rejected (module
+    docstring). Returns the last manager, the hook and the error that stopped the run (None if it went through)."""
+    declined_keys: set[tuple[str, str]] = set()
+    error: PassVerificationError | None = None
+    for attempt in range(MAX_RESTARTS + 1):
+        hooks = [h for h in (_Progress(progress) if progress is not None else None, _PassLog(), hook) if h is not None]
+        manager = PassManager(stage_list, hooks, declined=declined_keys)
+        try:
+            manager.run(m)
+        except InheritedDeviation as err:
+            if hook is None or reference is None or not heal or not err.ties or attempt == MAX_RESTARTS:
+                error = err
+            else:  # the earlier pass's near-ties do not hold: run again with them rejected, to decline its rewrite
+                note = (f"run {attempt + 2}: pass '{err.checked_pass}' failed on a difference that pass "
+                        f"'{err.pass_name}' accepted as {len(err.ties)} float32 near-tie(s); ran the pipeline again "
+                        "with them rejected")
+                result.notes.append(note)
+                if progress is not None:
+                    progress(note)
+                reject = hook.reject_ties | {tie_key(t) for t in err.ties}
+                declined, seconds_before = hook.declined, hook.seconds
+                m.replace_ir(clone_model(reference.original()).ir)  # the model the pipeline started from
+                hook.close()
+                hook = VerificationHook(reference, heal=True, reject_ties=reject, **options)
+                hook.declined, hook.setup_seconds = declined, seconds_before
+                continue
+        except PassVerificationError as err:
+            error = err
+        break
+    if error is not None:
+        err = error
+        result.failure = {"during": "pipeline", "pass": err.pass_name, "stage": err.stage, "iteration": err.iteration,
+                          "node": err.node, "tensor": err.tensor, "max_error": err.max_error, "sample": err.sample,
+                          "before_path": err.before_path, "after_path": err.after_path, "message": str(err)}
+    return manager, hook, error
+
+
+def _record_checks(result: VerificationResult, hook: VerificationHook, error: Exception | None) -> None:
+    """The per-pass checks, the declined rewrites and the time into ``result``; the hook's cache is freed."""
+    result.checks = [CheckRow(r.pass_name or r.label, r.stage, r.iteration,
+                              r.policy, r.changed_nodes, r.region_nodes, len(r.near_ties), r.seconds)
+                     for r in hook.records]
+    result.declined = list(hook.declined)
+    result.seconds += hook.seconds
+    hook.close()  # the cached tensor values are not needed by the final check: free them before it runs
+    if error is not None:
+        f = result.failure or {}
+        result.checks.append(CheckRow(f.get("pass") or "?", f.get("stage"), f.get("iteration"), "", None, None,
+                                      0, 0.0, ok=False, message=str(error)))
+
+
+def _final_check(m: Model, reference: Any, cfg: Config, result: VerificationResult, seconds: dict[str, float],
+                 progress: Progress | None) -> VerificationError | None:
+    """The final check of ``m`` against the original (with the first-layer comparison on boundary samples) into
+    ``result``; its error, if it fails."""
+    if progress is not None:
+        progress(f"final check against the original on {reference.num_samples} samples ...")
+    t0 = time.perf_counter()
+    plan = getattr(reference, "boundary_plan", None)
+    if plan is not None:
+        result.final = boundary_check(reference, m, plan, float_rtol=cfg.verification.float_rtol)
+    else:
+        result.final = final_check(reference, m, float_rtol=cfg.verification.float_rtol)
+    dt = time.perf_counter() - t0
+    result.seconds += dt
+    seconds["final check"] = dt
+    try:
+        result.final.raise_for_errors()
+    except VerificationError as err:
+        result.failure = {"during": "final", "pass": None, "stage": None, "tensor": err.tensor,
+                          "message": str(err)}
+        return err
+    return None
+
+
 def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | None = None, *,
                verify: str | None = None, inputs: str | Path | None = None,
                input_range: tuple[float, float] | None = None, samples: int | None = None, seed: int | None = None,
@@ -334,71 +413,14 @@ def streamline(model: Any, config: Config | str | Path | Mapping[str, Any] | Non
     result.assumed = dict(getattr(reference, "assumed", None) or {})
     options = cfg.verification.hook_options()
     hook = VerificationHook(reference, heal=heal, **options) if mode == "each" else None
-    declined_keys: set[tuple[str, str]] = set()
-    error: VerificationError | None = None
     t0 = time.perf_counter()
-    for attempt in range(MAX_RESTARTS + 1):
-        hooks = [h for h in (_Progress(progress) if progress is not None else None, _PassLog(), hook) if h is not None]
-        manager = PassManager(stage_list, hooks, declined=declined_keys)
-        try:
-            manager.run(m)
-        except InheritedDeviation as err:
-            if hook is None or reference is None or not heal or not err.ties or attempt == MAX_RESTARTS:
-                error = err
-            else:  # the earlier pass's near-ties do not hold: run again with them rejected, to decline its rewrite
-                note = (f"run {attempt + 2}: pass '{err.checked_pass}' failed on a difference that pass "
-                        f"'{err.pass_name}' accepted as {len(err.ties)} float32 near-tie(s); ran the pipeline again "
-                        "with them rejected")
-                result.notes.append(note)
-                if progress is not None:
-                    progress(note)
-                reject = hook.reject_ties | {tie_key(t) for t in err.ties}
-                declined, seconds_before = hook.declined, hook.seconds
-                m.replace_ir(clone_model(reference.original()).ir)  # the model the pipeline started from
-                hook.close()
-                hook = VerificationHook(reference, heal=True, reject_ties=reject, **options)
-                hook.declined, hook.setup_seconds = declined, seconds_before
-                continue
-        except PassVerificationError as err:
-            error = err
-        break
-    if error is not None:
-        err = error
-        result.failure = {"during": "pipeline", "pass": err.pass_name, "stage": err.stage, "iteration": err.iteration,
-                          "node": err.node, "tensor": err.tensor, "max_error": err.max_error, "sample": err.sample,
-                          "before_path": err.before_path, "after_path": err.after_path, "message": str(err)}
+    manager, hook, error = _run_pipeline(m, stage_list, hook, reference, heal, options, result, progress)
     seconds["pipeline"] = time.perf_counter() - t0
     run_report = manager.report
     if hook is not None:
-        result.checks = [CheckRow(r.pass_name or r.label, r.stage, r.iteration,
-                                  r.policy, r.changed_nodes, r.region_nodes, len(r.near_ties), r.seconds)
-                         for r in hook.records]
-        result.declined = list(hook.declined)
-        result.seconds += hook.seconds
-        hook.close()  # the cached tensor values are not needed by the final check: free them before it runs
-        if error is not None:
-            f = result.failure or {}
-            result.checks.append(CheckRow(f.get("pass") or "?", f.get("stage"), f.get("iteration"), "", None, None,
-                                          0, 0.0, ok=False, message=str(error)))
+        _record_checks(result, hook, error)
     if error is None and reference is not None:
-        if progress is not None:
-            progress(f"final check against the original on {reference.num_samples} samples ...")
-        t0 = time.perf_counter()
-        plan = getattr(reference, "boundary_plan", None)
-        if plan is not None:
-            result.final = boundary_check(reference, m, plan, float_rtol=cfg.verification.float_rtol,
-                                          float64="mismatch")
-        else:
-            result.final = final_check(reference, m, float_rtol=cfg.verification.float_rtol, float64="mismatch")
-        dt = time.perf_counter() - t0
-        result.seconds += dt
-        seconds["final check"] = dt
-        try:
-            result.final.raise_for_errors()
-        except VerificationError as err:
-            error = err
-            result.failure = {"during": "final", "pass": None, "stage": None, "tensor": err.tensor,
-                              "message": str(err)}
+        error = _final_check(m, reference, cfg, result, seconds, progress)
     floats = float_report(m, run_report)
     marks = graph_marks(m, floats, result.failure)
     report = StreamlineReport(

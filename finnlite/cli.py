@@ -252,9 +252,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if plan is not None:
         from verify.boundary import boundary_check
 
-        result = boundary_check(reference, candidate, plan, float_rtol=args.float_rtol, float64="mismatch")
+        result = boundary_check(reference, candidate, plan, float_rtol=args.float_rtol)
     else:
-        result = final_check(reference, candidate, float_rtol=args.float_rtol, float64="mismatch")
+        result = final_check(reference, candidate, float_rtol=args.float_rtol)
     from finnlite.report import VerificationResult
 
     verdict = VerificationResult("final", described, reference.num_samples, final=result,

@@ -62,7 +62,6 @@ class ConvertToNHWC(Transformation):
     tensor they permute."""
 
     aliases = ("ConvertToChannelsLastAndClean",)
-    pure_layout = True  # moves data only: verified by a structural proof (verify.layout_proof)
 
     def __init__(self) -> None:
         self.misses: list[Miss] = []
@@ -90,8 +89,6 @@ class AbsorbTransposeIntoMultiThreshold(Rule):
     NHWC tensor along its last axis and transposing gives the same tensor; the thresholds (and exact real
     thresholds) are unchanged. FINN's rule of the same name; the moved Transpose can then meet the next one
     (AbsorbConsecutiveTransposes)."""
-
-    pure_layout = True  # moves data only: verified by a structural proof (verify.layout_proof)
 
     op_types = ("Transpose",)
 
@@ -141,8 +138,6 @@ class AbsorbConsecutiveTransposes(Rule):
     fork. Condition: a bypassed output that is a graph output is kept unless the source can take over its name
     (the source is not a graph input or another graph output). Algebra: ``x.transpose(p).transpose(q) = x`` when
     ``q = p⁻¹``."""
-
-    pure_layout = True  # moves data only: verified by a structural proof (verify.layout_proof)
 
     op_types = ("Transpose",)
 

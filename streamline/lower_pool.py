@@ -54,7 +54,6 @@ class MakeMaxPoolNHWC(Rule):
     also covers a MaxPool with no Transpose next to it. The pooled tensors keep the input's ``finn_datatype``."""
 
     op_types = ("MaxPool",)
-    pure_layout = True  # moves data only: verified by a structural proof (verify.layout_proof)
 
     def match(self, model: "Model", node: ir.Node) -> MaxPoolMatch | Miss | None:
         if not is_standard_domain(node.domain):

@@ -44,7 +44,6 @@ class LowerDepthToSpace(Rule):
     their datatype."""
 
     op_types = ("DepthToSpace", "SpaceToDepth")
-    pure_layout = True
 
     def match(self, model: "Model", node: ir.Node) -> Any:
         if not is_standard_domain(node.domain):

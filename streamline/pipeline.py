@@ -99,7 +99,7 @@ def default_stages() -> list[Stage]:
         Stage("streamline", streamline_passes(), fixpoint=True),
         # LowerConvsToMatMul, ConvertToNHWC and the XNOR conversion each rewrite every layer: checked together at
         # the stage's end, the network runs once (twice where a changed encoding has to re-converge)
-        Stage("lower", LOWER_PASSES, granularity="stage"),
+        Stage("lower", LOWER_PASSES, check_whole=True),
         Stage("restreamline", streamline_passes(), fixpoint=True),
         Stage("finalize", [SqueezeGlobalPoolOutput, LowerGlobalSum, MoveOutputScaleBeforeLayout, InferDataTypes,
                            RoundAndClipThresholds, RemoveDeadNodes, InferDataTypes, MakeNodeNamesUnique]),

@@ -387,10 +387,6 @@ def _place(m: Model, layer: FirstLayer, prefix: _Prefix, data: np.ndarray, n: in
     return plan
 
 
-def _channel(index: tuple[int, ...], rows: int) -> int:
-    return index[1] if rows > 1 and len(index) > 1 else 0
-
-
 def _place_elementwise(prefix: _Prefix, x: np.ndarray, bounds: np.ndarray, pairs: list, near: list,
                        order: np.ndarray, turn: int, sample: int, lo: float, hi: float, zero: np.ndarray
                        ) -> list[Target]:
@@ -723,6 +719,16 @@ def check_first_layer(reference: ReferenceData, model: Any, layer: FirstLayer | 
     bad &= s32 != mapped32
     result.accumulation_ties = int(np.sum(bad & (s64 == mapped)))
     bad &= s64 != mapped
+    _judge_elements(result, m, mt, node_label(q), bad, s32, mapped, mapped32, runs64)
+    return result
+
+
+def _judge_elements(result: FirstLayerCheck, m: Model, mt: ir.Node, quantizer: str, bad: np.ndarray,
+                    s32: np.ndarray, mapped: np.ndarray, mapped32: np.ndarray, runs64: list[dict[str, np.ndarray]]
+                    ) -> None:
+    """The elements that differ from both executions of the original (``bad``, [samples, *shape]): a float-layer
+    near-tie when the input is within :data:`FLOAT_LAYER_RTOL` of a threshold on the float64 run (not for exact
+    thresholds), else an issue (at most 8)."""
     for f in np.flatnonzero(bad.reshape(-1))[:4096]:
         full = tuple(int(i) for i in np.unravel_index(int(f), bad.shape))
         smp, index = full[0], full[1:]
@@ -736,11 +742,10 @@ def check_first_layer(reference: ReferenceData, model: Any, layer: FirstLayer | 
                                            f"the nearest threshold {margin.boundary:.9g} on the float64 run")
         result.issues.append(FirstLayerIssue(
             result.node, mt.outputs[0].name, smp, index,
-            f"level {int(s32[full])} where the original quantizer '{node_label(q)}' gives "
+            f"level {int(s32[full])} where the original quantizer '{quantizer}' gives "
             f"{int(mapped[full])} in float64 and {int(mapped32[full])} in float32{where}"))
         if len(result.issues) >= 8:
             break
-    return result
 
 
 def _match_layout(shape_o: tuple[int, ...], shape_s: tuple[int, ...], axis_s: int) -> tuple[int, ...] | None:

@@ -18,7 +18,6 @@ from finnlite.core.policies import Equality, Policy, Tolerance
 __all__ = ["TensorDiff", "compare_tensor", "quant_step", "is_integer_tensor", "fits_datatype"]
 
 #: ops whose output is ``step · level`` with the step given by an input or attribute
-_QUANTIZERS = ("Quant", "IntQuant", "BipolarQuant", "MultiThreshold", "Trunc")
 
 
 @dataclass

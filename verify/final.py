@@ -14,6 +14,11 @@ each output is compared with both executions of the original:
   agreement with float32 execution is accepted as a near-tie too: neither execution decides that element.
 * **Float outputs** (no integer tensor behind them) are compared within ``float_rtol`` of the output's magnitude.
 
+The original runs in float64 only on the samples where the streamlined model disagrees with its float32 execution:
+a sample that agrees with float32 is taken to agree with float64 too (the two executions of the original differ
+only at float32 near-ties, where a correct streamlined model follows float64); no sample that disagrees with both
+is accepted.
+
 The streamlined model runs in float32, its deployment arithmetic. Its integer parts are exact there, but a model
 whose input is float keeps a float first layer: it accumulates in float32, and the thresholds of its quantizer are
 float32 numbers, so no float execution of it is exact. A sample that disagrees with float64 execution of the
@@ -33,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from custom_ops.executor import Executor
@@ -233,15 +237,6 @@ def _is_const(model: Model, v: ir.Value) -> bool:
     return prod is not None and prod.op_type == "Constant"
 
 
-def _with_outputs(model: Model, names: list[str]) -> onnx.ModelProto:
-    proto = model.to_proto()
-    have = {o.name for o in proto.graph.output}
-    for name in names:
-        if name not in have:
-            proto.graph.output.append(onnx.ValueInfoProto(name=name))
-    return proto
-
-
 def _slice(arr: np.ndarray, i: int, b0: int) -> np.ndarray:
     return arr[i * b0:(i + 1) * b0]
 
@@ -345,7 +340,8 @@ class _Sample(dict):
 
 
 class _LazyFloat64:
-    """The original's float64 outputs, computed per sample on first use (``float64="mismatch"``)."""
+    """The original's float64 outputs, computed per sample on first use (module docstring: only samples that
+    disagree with its float32 execution, or that the tail check asks for)."""
 
     def __init__(self, reference: ReferenceData, b0: int) -> None:
         self.reference, self.b0 = reference, b0
@@ -366,18 +362,241 @@ def _quietly(fn: Callable[..., Any], *args: Any) -> None:
         log.debug("computing ahead failed (asked again later): %s", exc)
 
 
+class _FinalRun:
+    """One final check's shared state (:func:`final_check`): the streamlined model's values on every sample, the
+    original's outputs, and the :class:`FinalCheck` being filled in. Each check is one method over it."""
+
+    def __init__(self, reference: ReferenceData, model: Model, float_rtol: float) -> None:
+        self.reference, self.m, self.float_rtol = reference, model, float_rtol
+        self.n = reference.num_samples
+        self.b0 = reference.specs[0].batch0
+        self.result = FinalCheck(self.n)
+        self.tails = {o: integer_tail(model, o) for o in model.output_names}
+        #: the integer tensors before the outputs' tails (run as extra outputs of the streamlined model)
+        self.extra = [t[0] for t in self.tails.values() if t is not None]
+        #: per sample, the streamlined model's outputs and integer tensors before their tails
+        self.slices: list[dict[str, np.ndarray]] = [{} for _ in range(self.n)]
+        self.ref32: dict[str, np.ndarray] = {}
+        self.lazy64 = _LazyFloat64(reference, self.b0)  # the original's float64 outputs, per sample on demand
+        self.runners: dict[str, Any] = {}  # per output, its dequantization tail run in float64
+        self.tail64: dict[int, dict[str, np.ndarray]] = {}  # the original's float64 outputs from its tail
+        self.in64: Any = None  # the streamlined model run in float64 (its own float layers)
+
+    # -- the streamlined model's run, and the checks riding on it ---------------------------------------------
+    def run_streamlined(self, annotations: bool, proofs: bool) -> dict[int, dict[str, np.ndarray]]:
+        """One run of the streamlined model per sample, every tensor: the annotations' values, the proofs' inputs
+        and the outputs (with the integer tensors before their tails). The weights are compared first, the
+        thresholds proved after. Returns the original's float64 outputs the proofs computed, by sample."""
+        m, reference, n, result = self.m, self.reference, self.n, self.result
+        keep = proof_inputs(m, reference) if proofs else set()
+        kept: dict[int, dict[str, np.ndarray]] = \
+            {i: {} for i in range(min(n, proof_samples(reference, m)))} if keep else {}
+        original32 = None
+        if len(kept) < n:
+            # the original's float32 outputs on a helper thread while this one runs the streamlined model
+            # (onnxruntime and numpy's kernels release the GIL), and before the proofs, whose float64 run would drop
+            # the executor; when the proofs run every sample, their run gives the outputs (ReferenceData.outputs)
+            original32 = threading.Thread(target=_quietly, args=(reference.outputs, np.float32), daemon=True)
+            original32.start()
+        proved: set[str] = set()  # the streamlined layers whose weights are proved equal to the original's
+        if proofs:
+            result.weight_issues = compare_weights(m, reference.original(), proved)
+        executor = executor_with_outputs(m, self.extra)
+        want = set(m.output_names) | set(self.extra)
+
+        def each(i: int, values: dict[str, np.ndarray]) -> None:
+            self.slices[i] = {k: values[k] for k in want}
+            if i in kept:
+                kept[i] = {k: values[k] for k in keep if k in values}
+
+        ranges = derived_ranges(m) if annotations or keep else None
+        if annotations:
+            result.annotation_issues = check_annotations(m, reference, executor=executor, each=each, derived=ranges)
+        else:
+            observed_ranges(m, reference, [], executor=executor, each=each)
+        del executor
+        if original32 is not None:
+            original32.join()
+        outputs64: dict[int, dict[str, np.ndarray]] = {}  # the original's, from the proofs' float64 runs
+        if kept:
+            try:
+                result.proof_issues = prove_thresholds(m, reference, [kept[i] for i in sorted(kept)], sorted(kept),
+                                                       ranges=ranges, outputs64=outputs64, proved_layers=proved)
+            except Exception as exc:  # noqa: BLE001 - a proof that cannot run proves nothing; the other checks stand
+                log.warning("could not compare the thresholds with the original quantizers: %s", exc)
+            kept.clear()
+        return outputs64
+
+    def load_original(self, outputs64: dict[int, dict[str, np.ndarray]]) -> None:
+        """The original's float32 outputs on every sample; its float64 ones come per sample, when asked for (those
+        the proofs computed are known already)."""
+        self.ref32 = self.reference.outputs(np.float32)
+        self.lazy64.cache.update(outputs64)
+
+    def _ref64(self, i: int) -> _Sample | None:
+        """The original's float64 outputs for sample ``i``; None if they cannot be computed (the error is
+        recorded)."""
+        try:
+            return _Sample(self.lazy64.sample(i))
+        except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
+            self.result.float64_error = f"{type(exc).__name__}: {exc}"
+            return None
+
+    # -- comparing the outputs ---------------------------------------------------------------------------------
+    def deviation(self, out: str, values: Mapping[str, np.ndarray], ref: Any, i: int) -> float:
+        """How far output ``out`` of ``values`` is from ``ref``'s on sample ``i``: in quantization steps behind an
+        integer tail, else relative to the magnitude of the original's float32 output."""
+        tail = self.tails[out]
+        expected = (ref[out] if isinstance(ref, _Sample) else _slice(ref[out], i, self.b0)).astype(np.float64)
+        if tail is None:
+            mag = max(float(np.max(np.abs(_slice(self.ref32[out], i, self.b0)))), 1e-30)
+            return float(np.max(np.abs(values[out].astype(np.float64) - expected), initial=0.0)) / mag
+        qi = values[tail[0]].astype(np.float64)
+        runner = self.runners.get(out)
+        if runner is None:
+            y, step = qi, np.ones_like(qi)
+        else:
+            y = runner.run({tail[0]: qi})[out]
+            step = np.abs(runner.run({tail[0]: qi + 1})[out] - y)
+        step = np.where(step > 0, step, np.inf)
+        return float(np.max(np.abs(y - expected) / step, initial=0.0))
+
+    def compare_output(self, out: str, tail_samples: int) -> None:
+        """Compare output ``out`` on every sample with both executions of the original, then its dequantization."""
+        tail = self.tails[out]
+        if out not in self.ref32:
+            raise VerificationError("the streamlined model has an output the original lacks", tensor=out)
+        if tail is not None:
+            q, nodes = tail
+            check = OutputCheck(out, f"levels of integer tensor '{q}'" + (
+                f" through {len(nodes)} dequantization node(s)" if nodes else ""), self.n)
+            if nodes:
+                self.runners[out] = _tail_runner(self.m, q, nodes, self.slices[0][q])
+        else:
+            check = OutputCheck(out, f"float, rtol {self.float_rtol:g} of the output's magnitude", self.n,
+                                unit="x magnitude")
+        limit = 0.5 if tail is not None else self.float_rtol
+        agree32: set[int] = set()
+        for i in range(self.n):
+            self._compare_sample(check, i, limit, agree32)
+        self.result.outputs.append(check)
+        if tail is not None and out in self.runners and tail_samples > 0 and self.result.float64_error is None:
+            self._check_tail(check, tail, agree32, tail_samples)
+
+    def _compare_sample(self, check: OutputCheck, i: int, limit: float, agree32: set[int]) -> None:
+        """Sample ``i`` of output ``check.name``: agreement with float32 execution of the original, then with
+        float64 (a near-tie, an own float-layer near-tie, or an error)."""
+        out = check.name
+        ok32 = self.deviation(out, self.slices[i], self.ref32, i) < limit
+        check.agree32 += int(ok32)
+        if ok32:  # then it agrees with float64 too (module docstring)
+            agree32.add(i)
+            return
+        ref64 = self._ref64(i)
+        if ref64 is None:
+            if not ok32:
+                check.error_samples.append(i)
+            return
+        d64 = self.deviation(out, self.slices[i], ref64, i)
+        if d64 >= limit:
+            d64 = self._own_float_layers(check, i, ref64, limit)
+        if d64 >= limit and ok32 and _reference_tie(self.reference, i):
+            d64 = 0.0  # float64 execution of the original is itself within its rounding of a boundary
+        check.max_error64 = max(check.max_error64, d64)
+        if d64 >= limit:
+            check.error_samples.append(i)
+        elif not ok32 and i not in check.float_layer_ties:
+            check.near_tie_samples.append(i)
+
+    def _own_float_layers(self, check: OutputCheck, i: int, ref64: Any, limit: float) -> float:
+        """The deviation of sample ``i`` once the streamlined model's own float parts (a first layer on a float
+        input) are ruled out: it runs in float64; if it still differs, a near-tie at a quantizer of a float tensor
+        (its thresholds are float32 numbers: they cannot be exact there) may explain it (0 then)."""
+        out = check.name
+        if self.in64 is None:
+            self.in64 = executor_with_outputs(self.m, self.extra, np.float64)
+        values64 = self.in64.run(self.reference.sample(i), return_all=True)
+        d64 = self.deviation(out, values64, ref64, i)
+        if d64 < limit:
+            check.float_layer_ties.append(i)
+            return d64
+        site = _float_layer_tie(self.m, values64, i, lambda vals: self.deviation(out, vals, ref64, i) < limit)
+        if site is None:
+            return d64
+        check.float_layer_ties.append(i)
+        self.result.float_layer_sites.append(site)
+        return 0.0
+
+    def _check_tail(self, check: OutputCheck, tail: tuple[str, list[ir.Node]], agree32: set[int],
+                    tail_samples: int) -> None:
+        """The output dequantization's scale and bias as numbers (:mod:`verify.tail`), on samples whose levels
+        agree and on those that do not: if the original's output is exactly affine in the streamlined levels there
+        too, the levels are right and the dequantization's constants are not."""
+        out, lazy64 = check.name, self.lazy64
+        wrong = set(check.error_samples)
+        agreeing = [i for i in range(self.n) if i not in wrong and i not in check.float_layer_ties]
+        have = [i for i in agreeing if i in lazy64.cache]  # run in float64 already
+        chosen = (have or agreeing)[:tail_samples]
+        # where the levels agree with float32 execution, the original's tail alone in float64 from those levels
+        # (not the whole network): a sample where float32 and float64 execution part is run whole
+        fresh = [i for i in chosen if i not in lazy64.cache and i in agree32]
+        chosen += [i for i in check.error_samples][:8]
+        triples = []
+        try:
+            if any(i not in self.tail64 for i in fresh):
+                self.tail64.update(tail_outputs64(self.reference, [i for i in fresh if i not in self.tail64]) or {})
+            for i in chosen:
+                if i not in lazy64.cache and i in agree32 and i in self.tail64:
+                    y64 = self.tail64[i][out]
+                else:
+                    y64 = lazy64.sample(i)[out]
+                triples.append((i, self.slices[i][tail[0]], y64))
+        except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
+            self.result.float64_error = f"{type(exc).__name__}: {exc}"
+        issue = check_tail(out, tail[0], self.runners[out], tail[1], triples)
+        # where the levels differ and the constants do not explain it, the levels are wrong: the output's error (and
+        # the first diverging tensor) says so, not the tail
+        if issue is not None and (issue.explains_levels or not check.error_samples):
+            self.result.tail_issues.append(issue)
+
+    # -- explaining ------------------------------------------------------------------------------------------
+    def locate(self) -> None:
+        """After a failure, the first intermediate tensor that diverges (:mod:`verify.locate`)."""
+        result = self.result
+        failing = sorted({s for o in result.outputs for s in o.error_samples})
+        if not failing:
+            return
+        others = [i for i in range(self.n) if i != failing[0]][:3]
+        try:
+            result.divergence = first_divergence(self.m, self.reference, [failing[0]] + others)
+        except Exception as exc:  # noqa: BLE001 - a location is a bonus, the failure stands
+            log.warning("could not locate the first diverging tensor: %s", exc)
+        bad_tail = next((self.tails[o.name] for o in result.outputs if o.error_samples and self.tails.get(o.name)),
+                        None)
+        if result.divergence is None and bad_tail is not None:  # nothing shared diverges before the output's q
+            producer = self.m.find_producer(bad_tail[0])
+            result.divergence = Divergence(bad_tail[0], node_label(producer) if producer is not None else None,
+                                           "the output's integer tensor; no tensor shared with the original "
+                                           "diverges before it")
+
+    def explain_ties(self, explain: int) -> None:
+        """For the first ``explain`` near-tie samples, the quantizer where float32 and float64 execution part."""
+        for i in self.result.near_tie_samples[:explain]:
+            try:
+                site = _tie_site(self.reference, i)
+            except Exception as exc:  # noqa: BLE001 - an explanation is a bonus, the counts stand
+                log.warning("could not locate the near-tie of sample %d: %s", i, exc)
+                site = None
+            if site is not None:
+                self.result.tie_sites.append(site)
+
+
 def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-5, explain: int = 4,
-                float64: str = "all", annotations: bool = True, tail_samples: int = 2,
-                locate: bool = True, proofs: bool = True) -> FinalCheck:
+                annotations: bool = True, tail_samples: int = 2, locate: bool = True,
+                proofs: bool = True) -> FinalCheck:
     """Compare ``model`` (the streamlined model, run in float32) with the original model of ``reference`` run in
     float32 and in float64, on every reference sample (module docstring). ``explain``: for how many near-tie
     samples to find the quantizer where float32 and float64 execution of the original part.
-
-    ``float64="all"`` runs the original in float64 on every sample (what the tests require); ``"mismatch"`` runs it
-    only on the samples where the streamlined model disagrees with the original's float32 execution — a sample
-    that agrees with float32 is then taken to agree with float64 too (the two executions of the original differ
-    only at float32 near-ties, where the streamlined model follows float64). The faster mode is what the CLI and
-    the build step use; it never accepts a sample that disagrees with both.
 
     Further checks (each a failure of its own): ``annotations``: every integer datatype claim of ``model`` against
     the values seen on the samples and the ranges derived from the graph (:mod:`verify.annotations`);
@@ -387,188 +606,12 @@ def final_check(reference: ReferenceData, model: Any, *, float_rtol: float = 1e-
     intermediate tensor that diverges (:mod:`verify.locate`); ``proofs``: every MultiThreshold matched to a quantizer
     of the original, on every integer input of its range (:mod:`verify.proofs`), and every weight matched to an
     original layer, element by element (:mod:`verify.weights`)."""
-    if float64 not in ("all", "mismatch"):
-        raise ValueError(f"float64 must be 'all' or 'mismatch', not {float64!r}")
-    m = as_model(model)
-    n = reference.num_samples
-    b0 = reference.specs[0].batch0
-    result = FinalCheck(n)
-    tails = {o: integer_tail(m, o) for o in m.output_names}
-    extra = [t[0] for t in tails.values() if t is not None]
-    keep = proof_inputs(m, reference) if proofs else set()
-    kept: dict[int, dict[str, np.ndarray]] = {i: {} for i in range(min(n, proof_samples(reference, m)))} if keep else {}
-    original32 = None
-    if len(kept) < n:
-        # the original's float32 outputs on a helper thread while this one runs the streamlined model (onnxruntime
-        # and numpy's kernels release the GIL), and before the proofs, whose float64 run would drop the executor;
-        # when the proofs run every sample, their run gives the outputs (ReferenceData.outputs)
-        original32 = threading.Thread(target=_quietly, args=(reference.outputs, np.float32), daemon=True)
-        original32.start()
-    proved: set[str] = set()  # the streamlined layers whose weights are proved equal to the original's
-    if proofs:
-        result.weight_issues = compare_weights(m, reference.original(), proved)
-    # one run of the streamlined model per sample, every tensor: the annotations' values, the proofs' inputs and
-    # the outputs (with the integer tensors before their tails)
-    executor = executor_with_outputs(m, extra)
-    want = set(m.output_names) | set(extra)
-    slices: list[dict[str, np.ndarray]] = [{} for _ in range(n)]
-
-    def each(i: int, values: dict[str, np.ndarray]) -> None:
-        slices[i] = {k: values[k] for k in want}
-        if i in kept:
-            kept[i] = {k: values[k] for k in keep if k in values}
-
-    ranges = derived_ranges(m) if annotations or keep else None
-    if annotations:
-        result.annotation_issues = check_annotations(m, reference, executor=executor, each=each, derived=ranges)
-    else:
-        observed_ranges(m, reference, [], executor=executor, each=each)
-    del executor
-    if original32 is not None:
-        original32.join()
-    outputs64: dict[int, dict[str, np.ndarray]] = {}  # the original's, from the proofs' float64 runs
-    if kept:
-        try:
-            result.proof_issues = prove_thresholds(m, reference, [kept[i] for i in sorted(kept)], sorted(kept),
-                                                   ranges=ranges, outputs64=outputs64, proved_layers=proved)
-        except Exception as exc:  # noqa: BLE001 - a proof that cannot run proves nothing; the other checks stand
-            log.warning("could not compare the thresholds with the original quantizers: %s", exc)
-        kept.clear()
-    ref32 = reference.outputs(np.float32)
-    lazy64 = _LazyFloat64(reference, b0) if float64 == "mismatch" else None
-    if lazy64 is not None:
-        lazy64.cache.update(outputs64)
-    try:
-        ref64 = reference.outputs(np.float64) if lazy64 is None else None
-    except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
-        result.float64_error = f"{type(exc).__name__}: {exc}"
-        ref64 = None
-    ref64_all = ref64
-    runners: dict[str, Any] = {}
-    tail64: dict[int, dict[str, np.ndarray]] = {}  # the original's float64 outputs from its tail (verify.tail)
-    in64: Any = None
-    for out in m.output_names:
-        tail = tails[out]
-        if out not in ref32:
-            raise VerificationError("the streamlined model has an output the original lacks", tensor=out)
-        if tail is not None:
-            q, nodes = tail
-            check = OutputCheck(out, f"levels of integer tensor '{q}'" + (
-                f" through {len(nodes)} dequantization node(s)" if nodes else ""), n)
-            if nodes:
-                runners[out] = _tail_runner(m, q, nodes, slices[0][q])
-        else:
-            check = OutputCheck(out, f"float, rtol {float_rtol:g} of the output's magnitude", n, unit="x magnitude")
-
-        def deviation(values: dict[str, np.ndarray], ref: Any, i: int) -> float:
-            expected = (ref[out] if isinstance(ref, _Sample) else _slice(ref[out], i, b0)).astype(np.float64)
-            if tail is None:
-                mag = max(float(np.max(np.abs(_slice(ref32[out], i, b0)))), 1e-30)
-                return float(np.max(np.abs(values[out].astype(np.float64) - expected), initial=0.0)) / mag
-            qi = values[tail[0]].astype(np.float64)
-            runner = runners.get(out)
-            if runner is None:
-                y, step = qi, np.ones_like(qi)
-            else:
-                y = runner.run({tail[0]: qi})[out]
-                step = np.abs(runner.run({tail[0]: qi + 1})[out] - y)
-            step = np.where(step > 0, step, np.inf)
-            return float(np.max(np.abs(y - expected) / step, initial=0.0))
-
-        limit = 0.5 if tail is not None else float_rtol
-        agree32: set[int] = set()
-        for i in range(n):
-            ok32 = deviation(slices[i], ref32, i) < limit
-            check.agree32 += int(ok32)
-            if ok32:
-                agree32.add(i)
-            if lazy64 is not None:
-                if ok32:
-                    continue
-                try:
-                    ref64 = _Sample(lazy64.sample(i))
-                except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
-                    result.float64_error = f"{type(exc).__name__}: {exc}"
-                    ref64 = None
-            if ref64 is None:
-                if not ok32:
-                    check.error_samples.append(i)
-                continue
-            d64 = deviation(slices[i], ref64, i)
-            if d64 >= limit:
-                # the streamlined model's own float parts (a first layer on a float input) round in float32 too:
-                # run it in float64 before calling this an error; if it still differs, look for a near-tie at a
-                # quantizer of a float tensor (its thresholds are float32 numbers: they cannot be exact there)
-                if in64 is None:
-                    in64 = executor_with_outputs(m, extra, np.float64)
-                values64 = in64.run(reference.sample(i), return_all=True)
-                d64 = deviation(values64, ref64, i)
-                if d64 < limit:
-                    check.float_layer_ties.append(i)
-                else:
-                    site = _float_layer_tie(m, values64, i,
-                                            lambda vals: deviation(vals, ref64, i) < limit)  # noqa: B023
-                    if site is not None:
-                        check.float_layer_ties.append(i)
-                        result.float_layer_sites.append(site)
-                        d64 = 0.0
-            if d64 >= limit and ok32 and _reference_tie(reference, i):
-                d64 = 0.0  # float64 execution of the original is itself within its rounding of a boundary
-            check.max_error64 = max(check.max_error64, d64)
-            if d64 >= limit:
-                check.error_samples.append(i)
-            elif not ok32 and i not in check.float_layer_ties:
-                check.near_tie_samples.append(i)
-        result.outputs.append(check)
-        if tail is not None and out in runners and tail_samples > 0 and result.float64_error is None:
-            # samples whose levels agree, and those that do not: if the original's output is exactly affine in the
-            # streamlined levels there too, the levels are right and the dequantization's constants are not
-            wrong = set(check.error_samples)
-            agreeing = [i for i in range(n) if i not in wrong and i not in check.float_layer_ties]
-            have = [i for i in agreeing if lazy64 is not None and i in lazy64.cache]  # run in float64 already
-            chosen = (have or agreeing)[:tail_samples]
-            # where the levels agree with float32 execution, the original's tail alone in float64 from those levels
-            # (not the whole network): a sample where float32 and float64 execution part is run whole
-            fresh = [i for i in chosen if lazy64 is not None and i not in lazy64.cache and i in agree32]
-            chosen += [i for i in check.error_samples][:8]
-            triples = []
-            try:
-                if any(i not in tail64 for i in fresh):
-                    tail64.update(tail_outputs64(reference, [i for i in fresh if i not in tail64]) or {})
-                for i in chosen:
-                    if lazy64 is None:
-                        y64 = _slice(ref64_all[out], i, b0)
-                    elif i not in lazy64.cache and i in agree32 and i in tail64:
-                        y64 = tail64[i][out]
-                    else:
-                        y64 = lazy64.sample(i)[out]
-                    triples.append((i, slices[i][tail[0]], y64))
-            except Exception as exc:  # noqa: BLE001 - reported, and makes the check fail
-                result.float64_error = f"{type(exc).__name__}: {exc}"
-            issue = check_tail(out, tail[0], runners[out], tail[1], triples)
-            # where the levels differ and the constants do not explain it, the levels are wrong: the output's
-            # error (and the first diverging tensor) says so, not the tail
-            if issue is not None and (issue.explains_levels or not check.error_samples):
-                result.tail_issues.append(issue)
-    failing = sorted({s for o in result.outputs for s in o.error_samples})
-    if locate and failing:
-        others = [i for i in range(n) if i != failing[0]][:3]
-        try:
-            result.divergence = first_divergence(m, reference, [failing[0]] + others)
-        except Exception as exc:  # noqa: BLE001 - a location is a bonus, the failure stands
-            log.warning("could not locate the first diverging tensor: %s", exc)
-        bad_tail = next((tails[o.name] for o in result.outputs if o.error_samples and tails.get(o.name)), None)
-        if result.divergence is None and bad_tail is not None:  # nothing shared diverges before the output's q
-            producer = m.find_producer(bad_tail[0])
-            result.divergence = Divergence(bad_tail[0], node_label(producer) if producer is not None else None,
-                                           "the output's integer tensor; no tensor shared with the original "
-                                           "diverges before it")
-    for i in result.near_tie_samples[:explain]:
-        try:
-            site = _tie_site(reference, i)
-        except Exception as exc:  # noqa: BLE001 - an explanation is a bonus, the counts stand
-            log.warning("could not locate the near-tie of sample %d: %s", i, exc)
-            site = None
-        if site is not None:
-            result.tie_sites.append(site)
-    return result
+    run = _FinalRun(reference, as_model(model), float_rtol)
+    outputs64 = run.run_streamlined(annotations, proofs)
+    run.load_original(outputs64)
+    for out in run.m.output_names:
+        run.compare_output(out, tail_samples)
+    if locate:
+        run.locate()
+    run.explain_ties(explain)
+    return run.result

@@ -10,7 +10,7 @@ are accepted and logged with their margins. A MultiThreshold the pass rewrote is
 input's range where :mod:`verify.mt_proof` can (a threshold off by one that no probe sample reaches fails the check,
 naming the node and the channel). The checks run in this process, each one before the next pass starts.
 
-A stage declared with ``granularity="stage"`` (:class:`finnlite.core.passes.Stage`) is checked once, at its end, for
+A stage declared with ``check_whole=True`` (:class:`finnlite.core.passes.Stage`) is checked once, at its end, for
 everything its passes changed; if that check fails, its pass runs are replayed one by one from the last verified
 version, each checked on its own, so that the error names the first failing pass.
 
@@ -50,7 +50,6 @@ from verify.clone import clone_model
 from verify.compare import compare_tensor, is_integer_tensor
 from verify.final import final_check
 from verify.heal import DeclinedRewrite, decline_bad_rewrites
-from verify.layout_proof import structural_outcome
 from verify.mt_proof import prove_changed_thresholds
 from verify.reference import ReferenceData
 from verify.region import ancestors, constant_tensors, run_nodes, structure_key
@@ -135,24 +134,15 @@ def _union_policy(policies: list[Policy], default: Policy) -> Policy:
                      steps=max(t.steps for t in tol), rtol_max=max(t.rtol_max for t in tol))
 
 
-def _pure_layout(p: Any) -> bool:
-    """True if pass ``p`` declares that it only moves data (``pure_layout = True``): checked on its own (per-pass
-    granularity, or outside a stage checked as a whole), it is proved structurally where a proof can be made
-    (:mod:`verify.layout_proof`)."""
-    return bool(getattr(p, "pure_layout", False))
-
-
 def _safe(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")[:60] or "pass"
 
 
 class VerificationHook:
-    """A pass-manager hook verifying each pass that changed the model (``granularity="pass"``, the default) against
-    cached reference values. ``"stage"`` checks what a whole stage changed at once and, on a failure, replays the
-    stage's passes one by one from the last verified version to name the first failing pass (cheaper only when the
-    passes keep tensor names for unchanged values); ``"off"`` disables it. With ``"pass"``, a stage that declares
-    ``granularity="stage"`` (:class:`finnlite.core.passes.Stage`) is still checked as a whole; ``"every-pass"`` checks
-    every pass on its own regardless.
+    """A pass-manager hook verifying each pass that changed the model against cached reference values (the
+    ``verify="each"`` mode of :func:`finnlite.build.streamline` and the CLI). A stage declaring ``check_whole=True``
+    (:class:`finnlite.core.passes.Stage`) is checked once, for what all its passes changed, at its end; on a
+    failure its passes are replayed one by one from the last verified version to name the first failing pass.
 
     ``reference``: a :class:`ReferenceData` built from the original model (default: 8 random samples in [-1, 1]
     drawn when the first stage starts). ``samples``: how many of its samples the per-pass checks use (default:
@@ -165,15 +155,12 @@ class VerificationHook:
     :func:`verify.verifier.tie_key` gives them, that no check accepts."""
 
     def __init__(self, reference: ReferenceData | None = None, *, samples: int | None = None,
-                 policy: Policy = DEFAULT_POLICY, granularity: str = "pass", save_dir: str | Path | None = None,
+                 policy: Policy = DEFAULT_POLICY, save_dir: str | Path | None = None,
                  near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL, heal: bool = False,
                  reject_ties: set[tuple[str, int, tuple[int, ...]]] | None = None) -> None:
-        if granularity not in ("pass", "every-pass", "stage", "off"):
-            raise ValueError(f"granularity must be 'pass', 'every-pass', 'stage' or 'off', not {granularity!r}")
         self.reference = reference
         self.samples = samples
         self.policy = policy
-        self.granularity = granularity
         self.save_dir = Path(save_dir) if save_dir is not None else None
         self.near_tie_rtol = near_tie_rtol
         self.verifier: Verifier | None = None
@@ -226,11 +213,10 @@ class VerificationHook:
     # -- checking ----------------------------------------------------------------------------------------------
     def verify(self, model: Model, policy: Policy, *, label: str, pass_name: str, stage: str | None = None,
                iteration: int | None = None, changed: bool = True, runs: Runs | None = None,
-               structural: bool = False, pass_obj: Any = None) -> None:
+               pass_obj: Any = None) -> None:
         """Check ``model`` against the last verified version and move on to it; raise
         :class:`PassVerificationError`. ``runs``: the pass runs a stage check covers (replayed on a failure).
-        ``structural``: a pure layout pass, proved without running anything when :mod:`verify.layout_proof` can
-        decide (else sampled under ``policy``; the record says which). ``pass_obj``: the pass checked, which
+        ``pass_obj``: the pass checked, which
         healing (``heal``) re-applies without its failing rewrites; ``model`` is then edited in place."""
         self.start(model)
         key = structure_key(model)
@@ -243,7 +229,7 @@ class VerificationHook:
         assert v is not None
         t0 = time.perf_counter()
         live, model = model, self._private_copy(model)
-        outcome, how = self._outcome(model, policy, structural, label)
+        outcome = self._outcome(model, policy)
         if not outcome.ok:
             if not isinstance(policy, Metric):
                 self._raise_if_inherited(outcome, label, pass_name, stage, iteration)
@@ -256,27 +242,20 @@ class VerificationHook:
                     self._structure = structure_key(live)
                     return
             elif self.heal and pass_obj is not None and not isinstance(policy, Metric) and self._heal(
-                    live, pass_obj, policy, structural, outcome, label, stage, iteration, t0):
+                    live, pass_obj, policy, outcome, label, stage, iteration, t0):
                 return
             raise self._error(model, outcome, policy, label, pass_name, stage, iteration)
-        self._accept(model, outcome, how, label, stage, iteration, pass_name, t0)
+        self._accept(model, outcome, policy.describe(), label, stage, iteration, pass_name, t0)
 
-    def _outcome(self, model: Model, policy: Policy, structural: bool, label: str) -> tuple[CheckOutcome, str]:
-        """The check of ``model`` (a version no one else edits) against the last verified one, and how it was
-        made: the structural proof of a layout pass where it decides, else sampling and the threshold proofs."""
+    def _outcome(self, model: Model, policy: Policy) -> CheckOutcome:
+        """The check of ``model`` (a version no one else edits) against the last verified one: sampling, and the
+        threshold proofs of the MultiThresholds it changed."""
         v = self.verifier
         assert v is not None
-        outcome, how = None, policy.describe()
-        if structural:
-            outcome, how = structural_outcome(v, model)
-            if outcome is None:
-                log.info("%s: %s", label, how)
-                how = f"{policy.describe()} ({how})"
-        if outcome is None:
-            outcome = v.check(model, policy)
-            if outcome.ok and (proof := prove_changed_thresholds(v, model, outcome, policy)):
-                outcome.ok, (outcome.message, outcome.node, outcome.tensor) = False, proof
-        return outcome, how
+        outcome = v.check(model, policy)
+        if outcome.ok and (proof := prove_changed_thresholds(v, model, outcome, policy)):
+            outcome.ok, (outcome.message, outcome.node, outcome.tensor) = False, proof
+        return outcome
 
     def _accept(self, model: Model, outcome: CheckOutcome, how: str, label: str, stage: str | None,
                 iteration: int | None, pass_name: str, t0: float) -> None:
@@ -294,7 +273,7 @@ class VerificationHook:
                      outcome.near_ties[0].describe())
 
     # -- healing and blame -------------------------------------------------------------------------------------
-    def _heal(self, live: Model, p: Any, policy: Policy, structural: bool, failed: CheckOutcome, label: str,
+    def _heal(self, live: Model, p: Any, policy: Policy, failed: CheckOutcome, label: str,
               stage: str | None, iteration: int | None, t0: float) -> bool:
         """Make ``live`` the version before pass ``p`` plus the rewrites of ``p`` that pass the check (module
         docstring); False if that cannot be done (the failure is then raised as it is)."""
@@ -302,7 +281,7 @@ class VerificationHook:
         assert v is not None
         before = v.snapshot.model
         if isinstance(p, Rule):
-            result = decline_bad_rewrites(p, before, lambda m: self._outcome(m, policy, structural, label)[0])
+            result = decline_bad_rewrites(p, before, lambda m: self._outcome(m, policy))
             if result is None:
                 return False
             version = result.model
@@ -311,7 +290,7 @@ class VerificationHook:
             version = clone_model(before)
             found = [(WHOLE_PASS, None, failed)]
         model = self._private_copy(version)
-        outcome, how = self._outcome(model, policy, structural, label)
+        outcome = self._outcome(model, policy)
         if not outcome.ok:
             return False
         for anchor, match, bad in found:
@@ -321,7 +300,7 @@ class VerificationHook:
             log.info("verification declined a rewrite: %s", record.describe())
         live.replace_ir(version.ir)
         self._structure = structure_key(live)
-        self._accept(model, outcome, how, label, stage, iteration, p.name, t0)
+        self._accept(model, outcome, policy.describe(), label, stage, iteration, p.name, t0)
         return True
 
     def _raise_if_inherited(self, outcome: CheckOutcome, label: str, pass_name: str, stage: str | None,
@@ -411,9 +390,7 @@ class VerificationHook:
 
     def _per_stage(self, stage: Any) -> bool:
         """True if ``stage``'s passes are checked together at its end."""
-        if self.granularity in ("stage", "every-pass"):
-            return self.granularity == "stage"
-        return getattr(stage, "granularity", None) == "stage"
+        return bool(getattr(stage, "check_whole", False))
 
     def _check_stage(self, model: Model, stage: Any) -> None:
         """Check everything the passes recorded since the last check did, at once (replayed on a failure)."""
@@ -431,20 +408,16 @@ class VerificationHook:
         self.declined_keys = manager.declined
 
     def before_stage(self, stage: Any, model: Model) -> None:
-        if self.granularity != "off":
-            self.start(model)
+        self.start(model)
         self._stage_runs = []
 
     def before_pass(self, p: Any, model: Model, stage: Any) -> None:
-        if self.granularity != "off":
-            self.start(model)
+        self.start(model)
 
     def after_pass(self, p: Any, model: Model, stage: Any, record: Any) -> None:
-        if self.granularity == "off":
-            return
         policy = resolve_policy(p, stage, self.policy)
         iteration = getattr(record, "iteration", None)
-        # a pure layout pass in a stage checked as a whole stays in it: checking the states before it alone would run
+        # in a stage checked as a whole every pass waits for its end: checking the states between alone would run
         # lowered depthwise MatMuls outside their fused Conv, on dense block-diagonal matrices (finnlite.core.tensors)
         if self._per_stage(stage) and not isinstance(policy, Metric):
             self._stage_runs.append((p, policy, iteration))
@@ -452,8 +425,7 @@ class VerificationHook:
         if self._stage_runs:  # a metric pass inside a deferred stage: check what came before it first
             self._check_stage(model, stage)
         self.verify(model, policy, label=f"pass '{p.name}'", pass_name=p.name, stage=getattr(stage, "name", None),
-                    iteration=iteration, changed=bool(getattr(record, "changed", True)),
-                    structural=_pure_layout(p), pass_obj=p)
+                    iteration=iteration, changed=bool(getattr(record, "changed", True)), pass_obj=p)
 
     def after_stage(self, stage: Any, model: Model) -> None:
         if self._per_stage(stage) and self._stage_runs:

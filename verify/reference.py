@@ -263,45 +263,7 @@ class ReferenceData:
                 out[spec.name] = arr[i * b0:(i + 1) * b0]
         return out
 
-    def subset(self, indices: Sequence[int] | int) -> "ReferenceData":
-        """A ReferenceData with the given samples (or the first ``indices`` ones), sharing the original model."""
-        idx = list(range(min(indices, self.num_samples))) if isinstance(indices, int) else list(indices)
-        new = object.__new__(ReferenceData)
-        new.source = f"{self.source}[{idx[0]}..]" if idx else self.source
-        new._proto, new._fingerprint, new.specs = self._proto, self._fingerprint, self.specs
-        new._order, new._weights, new._shared = self._order, self._weights, self._shared
-        new.num_samples = len(idx)
-        samples = [self.sample(i) for i in idx]
-        scalar = {s.name for s in self.specs if s.shape is not None and len(s.shape) == 0}
-        new.inputs = {s.name: np.concatenate([smp[s.name][None] if s.name in scalar else smp[s.name]
-                                              for smp in samples]) for s in self.specs}
-        new._executors = self._executors
-        new._outputs = {}
-        new._values = {}
-        new._seen_outputs = {}
-        new._original = self._original
-        return new
-
     # -- the original model and its results ----------------------------------------------------------------------
-    @property
-    def original_proto(self) -> onnx.ModelProto:
-        """The snapshot of the original model (do not modify; assembled on first use and kept)."""
-        if "proto" not in self._shared:
-            self._shared["proto"] = self._full_proto()
-        return self._shared["proto"]
-
-    def _full_proto(self) -> onnx.ModelProto:
-        from onnx import numpy_helper
-
-        full = onnx.ModelProto()
-        full.CopyFrom(self._proto)
-        small = {t.name: t for t in self._proto.graph.initializer}
-        large = self._weights
-        del full.graph.initializer[:]
-        full.graph.initializer.extend(numpy_helper.from_array(large[name], name) if name in large
-                                      else small[name] for name in self._order if name in large or name in small)
-        return full
-
     def original(self) -> Model:
         """The original model as a :class:`finnlite.Model` (shared; do not modify), holding the snapshot's weight
         arrays as they are (not serialized into a proto and parsed again, which would copy every weight twice)."""

@@ -85,6 +85,29 @@ class _Status:
     ties: list[NearTie] = field(default_factory=list)
 
 
+@dataclass
+class _RegionRun:
+    """The state of one :meth:`Verifier.check` while its region grows: the nodes run (``region``), those to run
+    next (``todo``), the changed nodes set aside (``pending``), what was computed and how it compares
+    (``status``), the tensors teacher forcing must not feed (``unforced``)."""
+
+    model: Model
+    policy: Policy
+    change: Change
+    constants: Any
+    outputs: set[str]
+    region: list[Any] = field(default_factory=list)
+    todo: list[Any] = field(default_factory=list)
+    pending: dict[int, tuple[Any, list[tuple[str, str]]]] = field(default_factory=dict)
+    widened: bool = False
+    forcing: bool = False
+    unforced: set[str] = field(default_factory=set)
+    status: dict[str, "_Status"] = field(default_factory=dict)
+    computed: list[SampleValues] = field(default_factory=list)
+    runs: int = 0
+    failed: CheckOutcome | None = None
+
+
 #: the layout a tensor of this rank has when it carries no ``tensor_layout`` annotation (qonnx's convention)
 _DEFAULT_LAYOUTS = {2: ["N", "C"], 4: ["N", "C", "H", "W"]}
 
@@ -231,109 +254,137 @@ class Verifier:
             return CheckOutcome(False, change, message=msg, node=node, tensor=tensor)
         if not change.nodes:
             return CheckOutcome(True, change)
-        constants = constant_tensors(model)
-        outputs = {v.name for v in model.graph.outputs}
-        # a changed node that only reads other tensors in place of old ones needs no re-run if those hold the old
-        # values: it is set aside and run only if they do not
-        pending = self._rewired(model, change.nodes)
+        r = self._start(model, policy, change)
+        while True:
+            outcome = self._step(r)
+            if outcome is not None:
+                return outcome
+
+    def _start(self, model: Model, policy: Policy, change: Change) -> "_RegionRun":
+        """The first region of a check: the changed nodes, less those set aside (a changed node that only reads
+        other tensors in place of old ones needs no re-run if those hold the old values: it is set aside and run
+        only if they do not); everything between the changed nodes if the pass changes layouts."""
+        r = _RegionRun(model, policy, change, constant_tensors(model), {v.name for v in model.graph.outputs},
+                       computed=[SampleValues() for _ in self.values])
+        r.pending = self._rewired(model, change.nodes)
         produced = {o.name for n in change.nodes for o in n.outputs}
         same: set[int] = set()
-        for key, (node, pairs) in list(pending.items()):
+        for key, (node, pairs) in list(r.pending.items()):
             if all(a not in produced for a, _ in pairs):  # the new inputs are cached already: decide now
-                del pending[key]
+                del r.pending[key]
                 if all(self._same_value(model, policy, a, b, [{}] * len(self.values)) for a, b in pairs):
                     same.add(key)
-        region = [n for n in change.nodes if id(n) not in pending and id(n) not in same]
-        widened = forcing = False
+        r.region = [n for n in change.nodes if id(n) not in r.pending and id(n) not in same]
         if self._relayouts(model, produced):
             # the pass changes layouts (NCHW -> NHWC): unchanged element-wise nodes between changed ones now see
             # permuted inputs, so run everything between the changed nodes from the start
-            region, widened, pending = hull(model, change.nodes), True, {}
-        unforced: set[str] = set()  # tensors found to differ: their readers must see the computed values
-        status: dict[str, _Status] = {}  # every compared tensor of the region, by name
-        computed: list[SampleValues] = [SampleValues() for _ in self.values]
-        todo, runs = list(region), 0
-        while True:
-            runs += 1
-            forced, relaid = self._forcible(model, region, unforced) if forcing else (set(), {})
-            feeds = [ChainMap({t: v[t] if t not in relaid else np.transpose(v[t], np.argsort(relaid[t]))
-                               for t in forced}, c, v) for c, v in zip(computed, self.values)]
-            try:
-                results = run_nodes(model, todo, feeds, forced, constants)
-            except FinnliteError as exc:
-                if forced:  # a node may refuse a cached value fed to it (a changed encoding): feed computed ones
-                    unforced |= forced
-                    todo = list(region)
-                    continue
-                if widened:
-                    return CheckOutcome(False, change, message=f"the model after the pass cannot run: {exc}",
+            r.region, r.widened, r.pending = hull(model, change.nodes), True, {}
+        r.todo = list(r.region)
+        return r
+
+    def _step(self, r: "_RegionRun") -> CheckOutcome | None:
+        """Run the region's pending nodes once and compare what they computed: the outcome when that decides the
+        check, else None (``r`` says what runs next)."""
+        model, policy = r.model, r.policy
+        r.runs += 1
+        forced, relaid = self._forcible(model, r.region, r.unforced) if r.forcing else (set(), {})
+        results = self._execute(r, forced, relaid)
+        if results is None:
+            return r.failed
+        made = [o.name for n in r.todo for o in n.outputs if o.name]
+        for c, res in zip(r.computed, results):  # what the nodes computed (not what they were fed), as held
+            c.update({name: dict.__getitem__(res, name) for name in made if name in res})
+        for node in r.todo:
+            for o in node.outputs:
+                if o.name and o.name in self.values[0] and o.name in r.computed[0]:
+                    r.status[o.name] = self._status(model, policy, o.name, node, r.computed)
+        invalid = [r.status[o.name] for n in r.region for o in n.outputs
+                   if o.name in r.status and not r.status[o.name].ok]
+        log.debug("region of %d nodes, run %d of %d nodes: %d tensors differ (%s)", len(r.region), r.runs,
+                  len(r.todo), len(invalid), ", ".join(x.name for x in invalid[:5]))
+        refed = {x.name for x in invalid} & forced
+        if refed:  # their readers got the cached values: run again with the computed ones
+            r.unforced |= refed
+            r.todo = self._downstream(model, r.region, refed)
+            return None
+        rerun = [node for node, pairs in r.pending.values()
+                 if not all(self._same_value(model, policy, a, b, r.computed) for a, b in pairs)]
+        r.pending = {}
+        if rerun:
+            r.region = topo_order(r.region + rerun)
+            r.todo = self._downstream(model, r.region, {o.name for n in rerun for o in n.outputs}, rerun)
+            return None
+        return self._spread(r, invalid)
+
+    def _execute(self, r: "_RegionRun", forced: set[str], relaid: dict[str, tuple[int, ...]]
+                 ) -> list[dict[str, np.ndarray]] | None:
+        """The values of ``r.todo`` on the cached and computed values, ``forced`` tensors fed their cached values
+        (in the new layout where ``relaid``); None if they cannot run (``r`` is widened for another try, or
+        ``r.failed`` says why the version cannot run)."""
+        feeds = [ChainMap({t: v[t] if t not in relaid else np.transpose(v[t], np.argsort(relaid[t]))
+                           for t in forced}, c, v) for c, v in zip(r.computed, self.values)]
+        try:
+            return run_nodes(r.model, r.todo, feeds, forced, r.constants)
+        except FinnliteError as exc:
+            if forced:  # a node may refuse a cached value fed to it (a changed encoding): feed computed ones
+                r.unforced |= forced
+                r.todo = list(r.region)
+                return None
+            if r.widened:
+                r.failed = CheckOutcome(False, r.change, message=f"the model after the pass cannot run: {exc}",
                                         node=exc.node, tensor=exc.tensor)
-                # a changed node may have read a stale cached value: run everything between the changed nodes
-                region, widened, pending = hull(model, change.nodes), True, {}
-                todo, status, computed = list(region), {}, [SampleValues() for _ in self.values]
-                continue
-            made = [o.name for n in todo for o in n.outputs if o.name]
-            for c, res in zip(computed, results):  # what the nodes computed (not what they were fed), as held
-                c.update({name: dict.__getitem__(res, name) for name in made if name in res})
-            for node in todo:
-                for o in node.outputs:
-                    if o.name and o.name in self.values[0] and o.name in computed[0]:
-                        status[o.name] = self._status(model, policy, o.name, node, computed)
-            invalid = [status[o.name] for n in region for o in n.outputs if o.name in status and not status[o.name].ok]
-            log.debug("region of %d nodes, run %d of %d nodes: %d tensors differ (%s)", len(region), runs, len(todo),
-                      len(invalid), ", ".join(x.name for x in invalid[:5]))
-            refed = {x.name for x in invalid} & forced
-            if refed:  # their readers got the cached values: run again with the computed ones
-                unforced |= refed
-                todo = self._downstream(model, region, refed)
-                continue
-            rerun = [node for node, pairs in pending.values()
-                     if not all(self._same_value(model, policy, a, b, computed) for a, b in pairs)]
-            pending = {}
-            if rerun:
-                region = topo_order(region + rerun)
-                todo = self._downstream(model, region, {o.name for n in rerun for o in n.outputs}, rerun)
-                continue
-            in_region = {id(n) for n in region}
-            # tensors unchanged readers cannot take as before: the differing ones, and the ones that match only up to
-            # a layout permutation (a reader is layout-agnostic or not: it has to run to tell)
-            moved = [x.name for x in invalid] + [x.name for x in status.values() if x.ok and x.layout is not None]
-            down_nodes, _ = descendants(model, moved) if moved else (set(), set())
-            # unchanged nodes that read a moved tensor and feed the region: what the region read from them was
-            # stale, so its results are not final yet
-            stale = (down_nodes & ancestors(region)) - in_region
-            failing = next((x for x in invalid if x.name in outputs), None)
-            relaid_output = next((x for x in status.values() if x.ok and x.layout is not None and x.name in outputs),
-                                 None)
-            if failing is None and relaid_output is not None:
-                failing = _Status(relaid_output.name, False, TensorDiff(
-                    relaid_output.name, relaid_output.diff.shape, True, shape_error="the pass changed the layout of "
-                    f"this graph output (permutation {relaid_output.layout})"), 0, relaid_output.node)
-                invalid.append(failing)
-            frontier = [u.node for name in moved for u in model.value(name).uses() if id(u.node) not in in_region]
-            if (failing is not None or frontier) and invalid and not forcing:
-                # a difference leaves the region: first make every check local (teacher forcing), so that a
-                # near-tie inside the region does not spread to what it hands on
-                forcing = True
-                unforced |= {x.name for x in invalid}
-                todo = list(region)
-                continue
-            outcome = CheckOutcome(True, change, computed, region=region, runs=runs)
-            if failing is not None and not stale:
-                first = invalid[0]
-                self._describe_failure(outcome, (first.name, first.diff, first.sample, first.node),
-                                       (failing.name, failing.diff, failing.sample, failing.node))
-                return outcome
-            if not frontier:
-                valid = {x.name for x in status.values() if x.ok}
-                outcome.near_ties = [t for name in sorted(valid) for t in status[name].ties]
-                outcome.keep = valid
-                outcome.layouts = {x.name: x.layout for x in status.values() if x.ok and x.layout is not None}
-                return outcome
-            added = {id(n) for n in frontier} | ((down_nodes & ancestors(region + frontier)) - in_region)
-            region = topo_order([n for n in model.graph if id(n) in in_region or id(n) in added])
-            new_nodes = [n for n in region if id(n) in added]
-            todo = self._downstream(model, region, {o.name for n in new_nodes for o in n.outputs}, new_nodes)
+                return None
+            # a changed node may have read a stale cached value: run everything between the changed nodes
+            r.region, r.widened, r.pending = hull(r.model, r.change.nodes), True, {}
+            r.todo, r.status, r.computed = list(r.region), {}, [SampleValues() for _ in self.values]
+            return None
+
+    def _spread(self, r: "_RegionRun", invalid: list["_Status"]) -> CheckOutcome | None:
+        """Where the differing tensors go: a graph output (a failure), unchanged readers (the region grows to them,
+        and the next run covers them) or nowhere (the pass is verified); teacher forcing first when a difference
+        leaves the region."""
+        model, region = r.model, r.region
+        in_region = {id(n) for n in region}
+        # tensors unchanged readers cannot take as before: the differing ones, and the ones that match only up to
+        # a layout permutation (a reader is layout-agnostic or not: it has to run to tell)
+        moved = [x.name for x in invalid] + [x.name for x in r.status.values() if x.ok and x.layout is not None]
+        down_nodes, _ = descendants(model, moved) if moved else (set(), set())
+        # unchanged nodes that read a moved tensor and feed the region: what the region read from them was stale,
+        # so its results are not final yet
+        stale = (down_nodes & ancestors(region)) - in_region
+        failing = next((x for x in invalid if x.name in r.outputs), None)
+        relaid_output = next((x for x in r.status.values() if x.ok and x.layout is not None and x.name in r.outputs),
+                             None)
+        if failing is None and relaid_output is not None:
+            failing = _Status(relaid_output.name, False, TensorDiff(
+                relaid_output.name, relaid_output.diff.shape, True, shape_error="the pass changed the layout of "
+                f"this graph output (permutation {relaid_output.layout})"), 0, relaid_output.node)
+            invalid.append(failing)
+        frontier = [u.node for name in moved for u in model.value(name).uses() if id(u.node) not in in_region]
+        if (failing is not None or frontier) and invalid and not r.forcing:
+            # a difference leaves the region: first make every check local (teacher forcing), so that a near-tie
+            # inside the region does not spread to what it hands on
+            r.forcing = True
+            r.unforced |= {x.name for x in invalid}
+            r.todo = list(region)
+            return None
+        outcome = CheckOutcome(True, r.change, r.computed, region=region, runs=r.runs)
+        if failing is not None and not stale:
+            first = invalid[0]
+            self._describe_failure(outcome, (first.name, first.diff, first.sample, first.node),
+                                   (failing.name, failing.diff, failing.sample, failing.node))
+            return outcome
+        if not frontier:
+            valid = {x.name for x in r.status.values() if x.ok}
+            outcome.near_ties = [t for name in sorted(valid) for t in r.status[name].ties]
+            outcome.keep = valid
+            outcome.layouts = {x.name: x.layout for x in r.status.values() if x.ok and x.layout is not None}
+            return outcome
+        added = {id(n) for n in frontier} | ((down_nodes & ancestors(region + frontier)) - in_region)
+        r.region = topo_order([n for n in model.graph if id(n) in in_region or id(n) in added])
+        new_nodes = [n for n in r.region if id(n) in added]
+        r.todo = self._downstream(model, r.region, {o.name for n in new_nodes for o in n.outputs}, new_nodes)
+        return None
 
     def _status(self, model: Model, policy: Policy, name: str, node: Any,
                 computed: Sequence[Mapping[str, np.ndarray]]) -> "_Status":

@@ -221,22 +221,18 @@ def fingerprint(model: "Model") -> str:
 @dataclass
 class Stage:
     """An ordered list of passes. With ``fixpoint`` the list is repeated until a round changes nothing, at most
-    ``max_iterations`` rounds. ``verification`` is the stage's default policy for its passes. ``granularity``:
-    how per-pass verification checks this stage by default: ``"pass"`` (None: each pass that changed something)
-    or ``"stage"`` (what all its passes changed, at once, at its end; a failure is replayed pass by pass to name
-    the first failing one). ``"stage"`` pays off when consecutive passes each rewrite the whole network, so that
-    every per-pass check would run all of it (see :class:`verify.hook.VerificationHook`)."""
+    ``max_iterations`` rounds. ``verification`` is the stage's default policy for its passes. ``check_whole``:
+    per-pass verification (``verify="each"``) checks what all the stage's passes changed at once, at its end,
+    instead of each pass that changed something; a failure is replayed pass by pass to name the first failing
+    one. That pays off when consecutive passes each rewrite the whole network, so that every per-pass check would
+    run all of it (see :class:`verify.hook.VerificationHook`)."""
 
     name: str
     passes: Sequence[Pass | type[Pass] | str]
     fixpoint: bool = False
     max_iterations: int = 100
     verification: Any = None
-    granularity: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.granularity not in (None, "pass", "stage"):
-            raise ValueError(f"stage '{self.name}': granularity must be 'pass' or 'stage', not {self.granularity!r}")
+    check_whole: bool = False
 
 
 @dataclass

@@ -55,7 +55,6 @@ def test_streamlined_weight_tie_agrees_with_float64_execution() -> None:
     # the check can fail: float64 execution of the original runs the float32 weight (6 x 5 levels of input 0)
     levels = np.round(ref.outputs(np.float64)["y"][:, 0] / np.float64(S_W))
     xq = np.round(x)
-    w_int = np.round(numpy_helper.to_array(next(t for t in ref.original_proto.graph.initializer
-                                                  if t.name == "w")) / S_W)
+    w_int = np.round(np.asarray(ref.original().get_initializer("w"), np.float32) / S_W)  # as stored: float32
     assert w_int[0, 0] == 6
     np.testing.assert_array_equal(levels, xq @ w_int[:, 0])

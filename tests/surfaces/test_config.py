@@ -106,7 +106,7 @@ def test_configured_stages_keep_every_field_of_the_default_ones() -> None:
 
     built = Config().build_stages()
     assert described(built) == described(default_stages())
-    assert {s.name: s.granularity for s in built}["lower"] == "stage"  # checked once: see streamline.pipeline
+    assert {s.name: s.check_whole for s in built}["lower"]  # checked once: see streamline.pipeline
 
 
 def test_a_full_config(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def test_bisect_of_a_stage_checked_as_a_whole_reapplies_the_pass_it_names(caplog
     # the stage fails at its end, after its last pass (a correct Rule); the replay names RefreshConstants, and
     # bisection must re-apply RefreshConstants (not the last pass) to find the rewrite
     model = _adds()
-    stages = [Stage("tidy", [RenameNodes]), Stage("lower", [RefreshConstants, CommuteAdd], granularity="stage")]
+    stages = [Stage("tidy", [RenameNodes]), Stage("lower", [RefreshConstants, CommuteAdd], check_whole=True)]
     result = bisect_pipeline(model, stages, ReferenceData.random(model, n=4), samples=2)
     assert (result.stage, result.pass_name) == ("lower", "RefreshConstants")
     assert (result.rewrite, result.rewrites) == (3, 6)

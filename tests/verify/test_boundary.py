@@ -99,10 +99,10 @@ def _shift_threshold(model: Model, channel: int, k: int, how) -> str:
 
 def _random_and_boundary(original: Model, mutant: Model, low: float, high: float):
     random_ref = ReferenceData.random(original, n=SAMPLES, seed=0, low=low, high=high)
-    random = final_check(random_ref, mutant, float64="all")
+    random = final_check(random_ref, mutant)
     ref, plan = boundary_reference(original, n=SAMPLES, seed=0, low=low, high=high)
     assert plan.layer is not None, plan.reason
-    return random, boundary_check(ref, mutant, plan, float64="all")
+    return random, boundary_check(ref, mutant, plan)
 
 
 def test_first_layers_are_found() -> None:
@@ -130,7 +130,7 @@ def test_boundary_mode_passes_on_correct_models(build) -> None:
     near = [t for t in plan.targets if "2^" in t.kind]
     assert len(near) > 100 and len({t.boundary for t in near}) > 10
     assert all((t.offset < 0) == t.kind.startswith("below") for t in near)
-    result = boundary_check(ref, _streamlined(original), plan, float64="all")
+    result = boundary_check(ref, _streamlined(original), plan)
     assert result.ok, result.summary()
     assert result.first_layer.elements > 0 and not result.first_layer.skipped
 
@@ -197,7 +197,7 @@ def test_zoo_boundary_mode_no_false_alarm(name: str) -> None:
     original, streamlined, lo, hi = _zoo(name)
     ref, plan = boundary_reference(original, n=SAMPLES, seed=0, low=lo, high=hi)
     assert plan.layer is not None, plan.reason
-    result = boundary_check(ref, streamlined, plan, float64="mismatch")
+    result = boundary_check(ref, streamlined, plan)
     print(f"{name}: {plan.describe()}\n{result.first_layer.describe()}")
     assert result.ok, result.summary()
 
@@ -207,11 +207,10 @@ def test_zoo_boundary_mode_no_false_alarm(name: str) -> None:
 def test_zoo_float_first_layer_fault_mobilenet() -> None:
     original, mutant, lo, hi = _zoo("mobilenet_v1_4b")
     node = _shift_threshold(mutant, 5, 7, lambda row: row[7] + 1e-4 * np.abs(row).max())
-    random = final_check(ReferenceData.random(original, n=SAMPLES, seed=0, low=lo, high=hi), mutant,
-                         float64="mismatch")
+    random = final_check(ReferenceData.random(original, n=SAMPLES, seed=0, low=lo, high=hi), mutant)
     assert random.ok, "random sampling was expected to miss this fault: " + random.summary()
     ref, plan = boundary_reference(original, n=SAMPLES, seed=0, low=lo, high=hi)
-    result = boundary_check(ref, mutant, plan, float64="mismatch")
+    result = boundary_check(ref, mutant, plan)
     with pytest.raises(VerificationError) as err:
         result.raise_for_errors()
     assert err.value.node == node

@@ -53,7 +53,7 @@ def test_lowering_caches_the_window_as_a_recomputation_equal_to_it(depthwise):
     hook = VerificationHook(ref)
     # the lower stage as the pipeline checks it: as a whole (ConvertToNHWC changes the MultiThreshold too, so the
     # region proves the window's integer range and runs it fused)
-    PassManager([Stage("lower", LOWER_PASSES, granularity="stage")], [hook]).run(model)
+    PassManager([Stage("lower", LOWER_PASSES, check_whole=True)], [hook]).run(model)
     window = model.get_nodes_by_op_type("Im2Col")[0].outputs[0].name
     cached = hook.verifier.values
     assert all(isinstance(dict.__getitem__(v, window), Recompute) for v in cached)
@@ -73,7 +73,7 @@ def test_a_window_the_run_made_is_cached_as_a_recomputation_too():
     model = g.build({"x": (1, c, 5, 5)}, [y])
     ref = ReferenceData.random(model, n=2, seed=4, low=-3, high=3)
     hook = VerificationHook(ref)
-    PassManager([Stage("lower", LOWER_PASSES, granularity="stage")], [hook]).run(model)
+    PassManager([Stage("lower", LOWER_PASSES, check_whole=True)], [hook]).run(model)
     window = model.get_nodes_by_op_type("Im2Col")[0].outputs[0].name
     full = Executor(model.to_proto())
     assert not full._fused
@@ -101,7 +101,7 @@ def test_a_wrong_change_to_a_cached_window_is_caught(tmp_path: Path):
     model = _mt_conv()
     ref = ReferenceData.random(model, n=2, seed=3, low=-3, high=3)
     hook = VerificationHook(ref, save_dir=tmp_path)
-    stages = [Stage("lower", LOWER_PASSES, granularity="stage"), Stage("wrong", [PadWithOne])]
+    stages = [Stage("lower", LOWER_PASSES, check_whole=True), Stage("wrong", [PadWithOne])]
     with pytest.raises(PassVerificationError) as info:
         PassManager(stages, [hook]).run(model)
     err = info.value

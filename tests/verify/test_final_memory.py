@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops.executor import Executor
 from finnlite import Model
 from finnlite.core.compat import make_model
 from verify import ReferenceData, final_check
-from verify.final import _with_outputs
 from verify.region import executor_with_outputs as _executor
 from verify.region import _FEED_ELEMENTS
+
+
+def _with_outputs(model: Model, names: list[str]) -> onnx.ModelProto:
+    """``model`` as a proto with ``names`` added to its graph outputs (the plain way, to compare with)."""
+    proto = model.to_proto()
+    have = {o.name for o in proto.graph.output}
+    for name in names:
+        if name not in have:
+            proto.graph.output.append(onnx.ValueInfoProto(name=name))
+    return proto
 
 
 def _matmul_model() -> Model:
@@ -52,4 +62,4 @@ def test_executor_reads_the_models_arrays_and_leaves_the_model_unchanged():
 def test_final_check_of_a_model_with_large_weights():
     model = _matmul_model()
     reference = ReferenceData.random(model, n=3, seed=0)
-    assert final_check(reference, model).ok and final_check(reference, model, float64="mismatch").ok
+    assert final_check(reference, model).ok

@@ -368,25 +368,17 @@ def test_metric_policy_accepts_and_rejects() -> None:
         PassManager([Stage("s", [NegateWeights])], [hook]).run(model)
 
 
-def test_stage_granularity_checks_once_and_replays_to_name_the_pass() -> None:
+def test_a_stage_checked_whole_checks_once_and_replays_to_name_the_pass() -> None:
     from tests.verify.test_wrong_rewrites import AddSelf
 
     model = add_relu()
-    hook = VerificationHook(ReferenceData.random(model, n=2), granularity="stage")
-    PassManager([Stage("good", [CommuteAdd, RenameNodes, CommuteAdd])], [hook]).run(model)
+    hook = VerificationHook(ReferenceData.random(model, n=2))
+    PassManager([Stage("good", [CommuteAdd, RenameNodes, CommuteAdd], check_whole=True)], [hook]).run(model)
     assert [r.label for r in hook.records] == ["stage 'good'"]  # one check for three passes
     with pytest.raises(PassVerificationError, match=r"pass 'AddSelf' \(stage 'mixed'\) broke equivalence") as info:
-        PassManager([Stage("mixed", [CommuteAdd, RenameNodes, AddSelf, CommuteAdd])], [hook]).run(model)
+        mixed = Stage("mixed", [CommuteAdd, RenameNodes, AddSelf, CommuteAdd], check_whole=True)
+        PassManager([mixed], [hook]).run(model)
     assert (info.value.pass_name, info.value.stage, info.value.node) == ("AddSelf", "mixed", "renamed_Add_0")
-
-
-def test_granularity_off_checks_nothing() -> None:
-    from tests.verify.test_wrong_rewrites import AddSelf
-
-    model = add_relu()
-    hook = VerificationHook(ReferenceData.random(model, n=2), granularity="off")
-    PassManager([Stage("s", [AddSelf])], [hook]).run(model)
-    assert hook.records == [] and hook.verifier is None
 
 
 def test_default_reference_is_drawn_from_the_model() -> None:
