@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import onnx_ir as ir
 
 from finnlite.core.graphutil import take_over
-from finnlite.core.passes import Miss, Rule, Transformation, register_pass
+from finnlite.core.passes import PassResult, Rule, Transformation, register_pass
 from finnlite.core.shapes import const_array
 from streamline.lower_common import (TO_NCHW, attr, copy_annotations, identity, is_op, new_value, shape_of, then,
                                      transpose_perm)
@@ -64,21 +64,14 @@ class ConvertToNHWC(Transformation):
     aliases = ("ConvertToChannelsLastAndClean",)
     pure_layout = True  # moves data only: verified by a structural proof (verify.layout_proof)
 
-    def __init__(self) -> None:
-        self.misses: list[Miss] = []
-        self.rewrites = 0
-
-    def apply(self, model: "Model") -> bool:
-        self.misses = []
+    def run(self, model: "Model", declined: frozenset[str] = frozenset()) -> PassResult:
         model.infer_shapes(only_missing=True)
         if not any(o.shape is not None and len(o.shape) == 4 for n in model.graph for o in n.outputs):
-            return False
+            return PassResult(False, 0)
         walk = LayoutWalk(model, self.name)
         walk.insert_input_transposes()
         walk.run()
-        self.misses = walk.misses
-        self.rewrites = walk.edits
-        return walk.edits > 0
+        return PassResult(walk.edits > 0, walk.edits, tuple(walk.misses))
 
 
 @register_pass(group="lower")
