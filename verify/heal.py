@@ -61,16 +61,20 @@ class DeclinedRewrite:
         return dataclasses.asdict(self)
 
 
+def _is_record(x: Any) -> bool:
+    return dataclasses.is_dataclass(x) and not isinstance(x, type)
+
+
 def describe_match(match: Any) -> str:
     """The nodes a rule's match names, for people."""
     if isinstance(match, ir.Node):
         return f"{match.op_type} '{node_label(match)}'"
-    if dataclasses.is_dataclass(match) and not isinstance(match, type):  # a rule's match record: its fields
+    if _is_record(match):  # a rule's match record: its fields
         match = [getattr(match, f.name) for f in dataclasses.fields(match)]
     if isinstance(match, dict):
         match = list(match.values())
     if isinstance(match, (list, tuple)):
-        parts = [describe_match(x) for x in match if isinstance(x, (ir.Node, list, tuple, dict))]
+        parts = [describe_match(x) for x in match if isinstance(x, (ir.Node, list, tuple, dict)) or _is_record(x)]
         if parts:
             return ", ".join(parts)
     return repr(match)[:120]
