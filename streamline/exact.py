@@ -39,8 +39,8 @@ def const_operand(node: ir.Node) -> tuple[int, np.ndarray] | None:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class LinearInput:
-    """A Mul or Add (``node``) with a constant operand (input ``const_index``, read as ``value``) whose output feeds
-    only the node that reads it: the elementwise op a reorder rule moves."""
+    """A Mul or Add (``node``) with a constant operand (input ``const_index``, read as ``value``): the elementwise op
+    a reorder rule moves (:func:`linear_input` finds one whose output feeds only the node that reads it)."""
 
     node: ir.Node
     const_index: int
