@@ -8,6 +8,7 @@ Transpose left is one NCHW→NHWC at the graph input (:mod:`streamline.layout_wa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
@@ -74,6 +75,16 @@ class ConvertToNHWC(Transformation):
         return PassResult(walk.edits > 0, walk.edits, tuple(walk.misses))
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class TransposeBeforeThresholds:
+    """A Transpose to NCHW (``transpose``) read only by MultiThreshold ``mt``; ``shape``: the Transpose's static
+    input shape."""
+
+    transpose: ir.Node
+    mt: ir.Node
+    shape: tuple[int, ...]
+
+
 @register_pass(group="lower")
 class AbsorbTransposeIntoMultiThreshold(Rule):
     """Transpose(NHWC→NCHW) → MultiThreshold   ⇒   MultiThreshold(data_layout=NHWC) → Transpose(NHWC→NCHW).
@@ -102,10 +113,10 @@ class AbsorbTransposeIntoMultiThreshold(Rule):
         shape = shape_of(model, node.inputs[0])
         if shape is None:
             return self.miss(node, "the Transpose input has no static shape")
-        return node, mt, shape
+        return TransposeBeforeThresholds(node, mt, tuple(shape))
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        tr, mt, shape = match
+    def rewrite(self, model: "Model", match: TransposeBeforeThresholds) -> None:
+        tr, mt, shape = match.transpose, match.mt, match.shape
         y = mt.outputs[0]
         name = mt.name or "MultiThreshold"
         mid = new_value(model, f"{name}_nhwc", shape, None, ["N", "H", "W", "C"])

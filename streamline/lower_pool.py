@@ -29,7 +29,7 @@ NHWC = ["N", "H", "W", "C"]
 NCHW = ["N", "C", "H", "W"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class MaxPoolMatch:
     """A match of MakeMaxPoolNHWC: the MaxPool ``node``, its input's static NCHW ``shape`` and its attributes."""
 
