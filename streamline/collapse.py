@@ -27,6 +27,17 @@ def _single_use(v: ir.Value) -> bool:
     return len(v.uses()) == 1 and not v.is_graph_output()
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class BatchNormParams:
+    """An inference BatchNorm (``node``) with constant ``gamma``, ``beta``, ``mean`` and ``var``."""
+
+    node: ir.Node
+    gamma: np.ndarray
+    beta: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+
+
 @register_pass(group="collapse")
 class BatchNormToAffine(Rule):
     """BatchNormalization(x, γ, β, μ, σ²) → Add(Mul(x, A), B) with A = γ / √(σ² + ε), B = β − μ·A.
@@ -45,10 +56,10 @@ class BatchNormToAffine(Rule):
             return self.miss(node, "training-mode BatchNorm outputs are used")
         if rank_of(node.inputs[0], constants=False) is None:
             return self.miss(node, "input rank unknown")
-        return node, params
+        return BatchNormParams(node, *params)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (gamma, beta, mean, var) = match
+    def rewrite(self, model: "Model", match: BatchNormParams) -> None:
+        node, gamma, beta, mean, var = match.node, match.gamma, match.beta, match.mean, match.var
         eps = float(node.attributes["epsilon"].value) if "epsilon" in node.attributes else 1e-5
         g, b, mu, v = (np.asarray(p, dtype=np.float64).ravel() for p in (gamma, beta, mean, var))
         a = g / np.sqrt(v + np.float64(np.float32(eps)))
