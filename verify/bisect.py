@@ -62,7 +62,7 @@ class BisectResult:
 
 def _trial(rule: Rule, before: Model, k: int, declined: frozenset[str]) -> tuple[Model, list[Any]]:
     trial = Model(before.ir.clone(), check=False)
-    return trial, list(rule.run(trial, declined, max_rewrites=k).matches)
+    return trial, list(rule.run(trial, declined, max_rewrites=k, keep_matches=True).matches)
 
 
 def bisect_pipeline(model: Any, stages: Sequence[Stage], reference: ReferenceData | None = None, *,

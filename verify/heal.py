@@ -85,7 +85,7 @@ def apply_rule(rule: Rule, before: Model, k: int | None, declined: frozenset[str
     """A copy of ``before`` with ``rule`` applied (at most ``k`` rewrites, none at a ``declined`` anchor); the matches
     and anchors of its rewrites. ``before`` is not changed."""
     trial = clone_model(before)
-    result = rule.run(trial, frozenset(declined), max_rewrites=k)
+    result = rule.run(trial, frozenset(declined), max_rewrites=k, keep_matches=True)
     return trial, list(result.matches), list(result.anchors)
 
 

@@ -70,8 +70,8 @@ class Miss:
 class PassResult:
     """What one run of a pass did: whether it ``changed`` the model; ``rewrites``: how many rewrites it performed
     (None: a pass that does not count them); ``misses``: the conditions that failed where it did not apply; for a
-    :class:`Rule`, per rewrite in order, its anchor (:func:`anchor_of`) and its match (``anchors``, ``matches``:
-    what bisection and healing replay)."""
+    :class:`Rule`, per rewrite in order, its anchor (:func:`anchor_of`) and, when asked for, its match (``anchors``,
+    ``matches``: what bisection and healing replay)."""
 
     changed: bool
     rewrites: int | None = None
@@ -122,7 +122,7 @@ class Rule(Transformation):
     ``run`` visits every node once in graph order, skipping nodes removed by earlier rewrites of the same run;
     initializers the visited node read that a rewrite leaves unused are removed at once (as the next cleanup would).
     It returns a :class:`PassResult` with the number of rewrites, the misses (:meth:`miss`), and each rewrite's
-    anchor and match.
+    anchor (and match, with ``keep_matches``: matches can hold weights that a rewrite replaced).
 
     ``max_rewrites`` limits how many rewrites one run performs (bisection and healing pass their own limit to
     :meth:`run` to find the first bad rewrite). A match at a ``declined`` anchor is recorded as a miss instead."""
@@ -146,8 +146,8 @@ class Rule(Transformation):
         self._misses.append(m)
         return m
 
-    def run(self, model: "Model", declined: frozenset[str] = frozenset(),
-            max_rewrites: int | None = None) -> PassResult:
+    def run(self, model: "Model", declined: frozenset[str] = frozenset(), max_rewrites: int | None = None,
+            keep_matches: bool = False) -> PassResult:
         """Match and rewrite at every node of ``model`` once (class docstring); ``max_rewrites``: this run's limit
         (default: the rule's own)."""
         limit = self.max_rewrites if max_rewrites is None else max_rewrites
@@ -171,7 +171,8 @@ class Rule(Transformation):
             consts = [v for v in node.inputs if v is not None and v.is_initializer()]
             self.rewrite(model, m)
             anchors.append(anchor)
-            matches.append(m)
+            if keep_matches:
+                matches.append(m)
             model.drop_if_unused(*consts)
             consts.clear()  # no reference to a dropped weight is left while the next node is matched
         return PassResult(bool(anchors), len(anchors), tuple(misses), tuple(anchors), tuple(matches))
@@ -344,14 +345,14 @@ class PassManager:
     def run_stage(self, stage: Stage, model: "Model", report: RunReport) -> None:
         """Run one stage (to a fixpoint if it is one). The misses of each pass's last run go to the report."""
         passes = [instantiate(p) for p in stage.passes]
-        last: list[PassResult | None] = [None] * len(passes)
+        last_misses: list[tuple[Miss, ...]] = [()] * len(passes)  # (not the results: they hold the matches)
 
         def one_round(iteration: int) -> list[str]:
             changers = []
             for i, p in enumerate(passes):
                 result = self._run_one(p, model, stage, iteration, report)
                 if result is not None:
-                    last[i] = result
+                    last_misses[i] = result.misses
                     if result.changed:
                         changers.append(p.name)
             return changers
@@ -362,9 +363,8 @@ class PassManager:
             self._fixpoint(stage, model, one_round)
         else:
             one_round(0)
-        for result in last:
-            if result is not None:
-                report.misses.extend(result.misses)
+        for misses in last_misses:
+            report.misses.extend(misses)
         report.stage_seconds[stage.name] = report.stage_seconds.get(stage.name, 0.0) + time.perf_counter() - t0
         self._call("after_stage", stage, model)
 

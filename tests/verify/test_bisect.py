@@ -34,9 +34,9 @@ class RefreshConstants(Rule):
         super().__init__(max_rewrites)
         self.done = 0  # rewrites of the run in progress
 
-    def run(self, model, declined=frozenset(), max_rewrites=None):
+    def run(self, model, declined=frozenset(), max_rewrites=None, keep_matches=False):
         self.done = 0
-        return super().run(model, declined, max_rewrites)
+        return super().run(model, declined, max_rewrites, keep_matches)
 
     def match(self, model, node):
         return node if node.inputs[1].name.startswith("c") and not node.inputs[1].name.startswith("c_") else None
