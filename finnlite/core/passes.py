@@ -345,7 +345,7 @@ class PassManager:
     def run_stage(self, stage: Stage, model: "Model", report: RunReport) -> None:
         """Run one stage (to a fixpoint if it is one). The misses of each pass's last run go to the report."""
         passes = [instantiate(p) for p in stage.passes]
-        last_misses: list[tuple[Miss, ...]] = [()] * len(passes)  # (not the results: they hold the matches)
+        last_misses: list[tuple[Miss, ...]] = [()] * len(passes)
 
         def one_round(iteration: int) -> list[str]:
             changers = []
