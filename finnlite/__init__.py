@@ -24,8 +24,8 @@ _CORE_NAMES = {
     "Model": "model", "DataType": "datatypes", "BaseDataType": "datatypes",
     **{name: "errors" for name in ("FinnliteError", "ModelLoadError", "GraphError", "OpError", "DataTypeError",
                                    "PassError", "FixpointError", "ConfigError", "VerificationError")},
-    **{name: "passes" for name in ("Pass", "Transformation", "AnalysisPass", "Rule", "Miss", "Stage",
-                                   "PassManager")},
+    **{name: "passes" for name in ("Pass", "Transformation", "AnalysisPass", "Rule", "Miss", "PassResult",
+                                   "Stage", "PassManager")},
     "register_pass": "registry",
 }
 

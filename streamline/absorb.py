@@ -138,7 +138,7 @@ class AbsorbReluIntoMultiThreshold(Rule):
         store_thresholds(model, node, rt)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class LinearIntoThresholds:
     """A match of AbsorbAdd/MulIntoMultiThreshold: ``node`` (the MultiThreshold) reads ``lin`` (the Add/Mul), whose
     input ``const_index`` is the constant; ``vec`` its exact values along the MultiThreshold's channel ``axis``."""
@@ -252,7 +252,7 @@ def _weight_channel_axis(node: ir.Node) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class SignedScale:
     """A match of AbsorbSignIntoWeights: ``node`` (the Mul, constant at input ``const_index``) scales the output of
     the weight layers ``layers`` by ``vec`` along ``out_axis`` of its rank-``rank`` output: one layer, or the inputs
@@ -351,6 +351,15 @@ class AbsorbSignIntoWeights(Rule):
         set_exact(node, shaped)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class BiasAfterThresholds:
+    """An Add (``node``) of the scalar integer ``bias`` to the output of MultiThreshold ``mt``, its only reader."""
+
+    node: ir.Node
+    mt: ir.Node
+    bias: float
+
+
 @register_pass(group="absorb")
 class AbsorbSignBiasIntoMultiThreshold(Rule):
     """Add(MultiThreshold(x), b) → MultiThreshold(x) with out_bias + b, for a scalar integer b.
@@ -370,10 +379,10 @@ class AbsorbSignBiasIntoMultiThreshold(Rule):
             return None
         if np.asarray(c[1]).size != 1 or float(np.asarray(c[1]).ravel()[0]) != int(np.asarray(c[1]).ravel()[0]):
             return self.miss(node, "bias after MultiThreshold is not a scalar integer")
-        return node, mt, float(np.asarray(c[1]).ravel()[0])
+        return BiasAfterThresholds(node, mt, float(np.asarray(c[1]).ravel()[0]))
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, mt, b = match
+    def rewrite(self, model: "Model", match: BiasAfterThresholds) -> None:
+        node, mt, b = match.node, match.mt, match.bias
         bias = float(mt.attributes["out_bias"].value) if "out_bias" in mt.attributes else 0.0
         mt.attributes["out_bias"] = ir.AttrFloat32("out_bias", bias + b)
         model.replace_uses(node.outputs[0], mt.outputs[0])

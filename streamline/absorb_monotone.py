@@ -17,6 +17,7 @@ float64 execution of the original rounds its own ``f`` at that level too.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -65,6 +66,18 @@ def _clip_bounds(node: ir.Node) -> tuple[float | None, float | None] | None:
     return None if bounds is None else tuple(None if b is None else float(b) for b in bounds)  # type: ignore
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class MonotoneBeforeThresholds:
+    """A monotone activation ``act`` read only by MultiThreshold ``node``: a Clip with its ``bounds``, or a function
+    with its ``slopes`` (LeakyRelu, PRelu: one, or one per channel along the thresholds' ``axis``)."""
+
+    node: ir.Node
+    act: ir.Node
+    slopes: np.ndarray | None = None
+    axis: int | None = None
+    bounds: tuple[float | None, float | None] | None = None
+
+
 @register_pass(group="absorb")
 class AbsorbMonotoneIntoMultiThreshold(Rule):
     """MultiThreshold(f(x)) → MultiThreshold(x) with thresholds f⁻¹(R), f ∈ {Tanh, Sigmoid, LeakyRelu, PRelu,
@@ -87,7 +100,7 @@ class AbsorbMonotoneIntoMultiThreshold(Rule):
             bounds = _clip_bounds(act)
             if bounds is None:
                 return self.miss(node, "the Clip bounds are not constant scalars")
-            return node, act, bounds, None
+            return MonotoneBeforeThresholds(node, act, bounds=bounds)
         if op == "LeakyRelu":
             slopes = np.array([_float_attr(act, "alpha", 0.01)], dtype=object)
         elif op == "PRelu":
@@ -102,15 +115,15 @@ class AbsorbMonotoneIntoMultiThreshold(Rule):
             return self.miss(node, "HardSigmoid with a non-positive alpha is not increasing")
         if slopes is not None and any(s <= 0 for s in slopes):
             return self.miss(node, f"{op} with a non-positive slope is not increasing")
-        return node, act, slopes, axis
+        return MonotoneBeforeThresholds(node, act, slopes, axis)
 
-    def rewrite(self, model: Any, match: Any) -> None:
-        node, act, slopes, axis = match
+    def rewrite(self, model: Any, match: MonotoneBeforeThresholds) -> None:
+        node, act, slopes, axis = match.node, match.act, match.slopes, match.axis
         rt = real_thresholds_of(model, node)
-        if act.op_type == "Clip":
+        if match.bounds is not None:  # a Clip
             node.replace_input_with(0, act.inputs[0])
             model.remove_node(act)
-            store_thresholds(model, node, rt.clip_composed(*slopes))
+            store_thresholds(model, node, rt.clip_composed(*match.bounds))
             return
         rows = max(rt.shape[0], 1 if slopes is None else len(slopes))
         real = rt.broadcast_channels(rows).real if rows != rt.shape[0] else rt.real

@@ -24,6 +24,7 @@ it (FINN: an integer ElementwiseAdd layer) and the thresholds are the integers `
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,7 @@ from finnlite.core.graphutil import sole_producer, zero_padded
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from streamline.absorb import materialize, mt_channel_axis, real_thresholds_of
-from streamline.exact import channel_vector, exact_value, linear_input
+from streamline.exact import channel_vector, linear_input
 from streamline.preprocess import integer_input_scale
 from streamline.real_thresholds import RealThresholds, set_real_thresholds
 
@@ -98,6 +99,29 @@ def _exact_threshold(v: Fraction, strict: bool) -> int:
     return math.floor(v) + 1 if strict else math.ceil(v)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class BorderPlan:
+    """The integer form of a padded Conv's border: per output channel the weight factor ``L`` (``scale``), the
+    integer per-position ``bias`` after the Conv, and the integer ``thresholds``."""
+
+    scale: np.ndarray
+    bias: np.ndarray
+    thresholds: np.ndarray
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BorderMatch:
+    """A MultiThreshold (``node``) after a zero-padded ``conv`` reading ``Add(s·x, b)`` (``add``; the scalar
+    ``muls`` making ``s``, and the integer tensor ``x``), and the ``plan`` of its integer form."""
+
+    node: ir.Node
+    conv: ir.Node
+    add: ir.Node
+    muls: tuple[ir.Node, ...]
+    x: ir.Value
+    plan: BorderPlan
+
+
 @register_pass(group="absorb")
 class AbsorbBorderIntoThresholds(Rule):
     """MultiThreshold(Conv(pad₀(Add(s·x, b)), W), R) → MultiThreshold(Add(Conv(pad₀(x), L·W), d), T).
@@ -118,8 +142,8 @@ class AbsorbBorderIntoThresholds(Rule):
         w = const_array(conv.inputs[1])
         if lin is None or w is None:
             return None
-        add, ci, val = lin
-        src = integer_input_scale(model, add.inputs[1 - ci])
+        add = lin.node
+        src = integer_input_scale(model, lin.data)
         if src is None:
             return None
         x, s, muls = src
@@ -133,16 +157,16 @@ class AbsorbBorderIntoThresholds(Rule):
             return self.miss(node, "unknown shapes")
         if mt_channel_axis(node) != 1:
             return self.miss(node, "the thresholds' channel axis is not the Conv's")
-        vec = channel_vector(exact_value(add, val), len(in_shape), 1)
+        vec = channel_vector(lin.exact(), len(in_shape), 1)
         if vec is None:
             return self.miss(node, "the Add before the padded Conv varies along a spatial axis")
         plan = self._plan(model, node, conv, w, in_shape, [Fraction(v) / s for v in vec], s, x)
         if isinstance(plan, str):
             return self.miss(node, plan)
-        return node, conv, add, muls, x, plan
+        return BorderMatch(node, conv, add, tuple(muls), x, plan)
 
     def _plan(self, model: Any, node: ir.Node, conv: ir.Node, w: np.ndarray, in_shape: tuple[int, ...],
-              p: list[Fraction], s: Fraction, x: ir.Value) -> Any:
+              p: list[Fraction], s: Fraction, x: ir.Value) -> BorderPlan | str:
         """The integer form, or why there is none."""
         mask = _inside_taps(conv, tuple(w.shape[2:]), in_shape)  # taps, *out
         out_spatial = mask.shape[1:]
@@ -187,10 +211,11 @@ class AbsorbBorderIntoThresholds(Rule):
             table[oc] = dint
             thresholds.append(t)
         bias = table[:, index].reshape((1, o) + tuple(out_spatial))
-        return np.array(scale, np.float64), bias, np.array(thresholds, np.float64)
+        return BorderPlan(np.array(scale, np.float64), bias, np.array(thresholds, np.float64))
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, conv, add, muls, x, (scale, bias, thresholds) = match
+    def rewrite(self, model: "Model", match: BorderMatch) -> None:
+        node, conv, x = match.node, match.conv, match.x
+        scale, bias, thresholds = match.plan.scale, match.plan.bias, match.plan.thresholds
         w = const_array(conv.inputs[1]).astype(np.float64)
         wl = (w * scale.reshape((-1,) + (1,) * (w.ndim - 1))).astype(np.float32)
         y = conv.outputs[0]
@@ -203,8 +228,8 @@ class AbsorbBorderIntoThresholds(Rule):
         model.graph.insert_after(conv, [new_conv, new_add])
         node.replace_input_with(0, out)
         model.remove_node(conv)
-        model.remove_node(add)
-        for m in muls:
+        model.remove_node(match.add)
+        for m in match.muls:
             model.remove_node(m)
         set_real_thresholds(node, RealThresholds(thresholds, np.zeros(thresholds.shape, bool)))
         materialize(model, node)

@@ -10,6 +10,7 @@ costs nothing in the integer model: no Transpose, no layer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -59,6 +60,28 @@ def single_axis_gather(src: np.ndarray, in_shape: list[int]) -> tuple[int, np.nd
     return axis, idx.reshape(-1)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class MovementChain:
+    """A ``chain`` of data-movement ops ending at ``node`` that, composed, is the identity (``indices`` None) or a
+    gather of ``indices`` along ``axis``."""
+
+    node: ir.Node
+    chain: list[ir.Node]
+    axis: int | None = None
+    indices: np.ndarray | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GatherBefore:
+    """A channel Gather (``gather``, its constant ``indices``) feeding only ``node``; for a MatMul or Conv, its
+    ``weight``."""
+
+    node: ir.Node
+    gather: ir.Node
+    indices: np.ndarray
+    weight: np.ndarray | None = None
+
+
 @register_pass(group="collapse")
 class CollapseDataMovement(Rule):
     """D₁ → … → Dₙ (data movement, n ≥ 2, one of them a Transpose) → nothing or one Gather(axis, indices).
@@ -92,18 +115,17 @@ class CollapseDataMovement(Rule):
             composed = src if composed is None else np.where(src < 0, -1, composed.ravel()[np.maximum(src, 0)])
         found = single_axis_gather(composed, in_shape) if composed.shape == tuple(in_shape) else None
         if composed.shape == tuple(in_shape) and np.array_equal(composed.ravel(), np.arange(composed.size)):
-            return node, chain, None
+            return MovementChain(node, chain)
         if found is None:
             return None
-        return node, chain, found
+        return MovementChain(node, chain, *found)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, chain, found = match
+    def rewrite(self, model: "Model", match: MovementChain) -> None:
+        node, chain, axis, idx = match.node, match.chain, match.axis, match.indices
         x, y = chain[0].inputs[0], node.outputs[0]
-        if found is None:
+        if idx is None:
             model.replace_uses(y, x)
         else:
-            axis, idx = found
             k = add_constant(model, idx.astype(np.int64), f"{node.name}_indices")
             out = model.make_value_like(y)
             if model.has_tensor_datatype(x.name):
@@ -163,10 +185,10 @@ class MoveChannelGatherPastChannelwise(Rule):
             w = const_array(node.inputs[1])
             if not (grp == cin == cout) or w is None or (len(node.inputs) > 2 and node.inputs[2] is not None):
                 return None
-        return node, g, idx
+        return GatherBefore(node, g, idx)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, g, idx = match
+    def rewrite(self, model: "Model", match: GatherBefore) -> None:
+        node, g, idx = match.node, match.gather, match.indices
         node.replace_input_with(0, g.inputs[0])
         if node.op_type == "Conv":
             w = const_array(node.inputs[1])
@@ -229,7 +251,7 @@ class AbsorbChannelGatherIntoWeights(Rule):
             axis = int(g.attributes["axis"].value) if "axis" in g.attributes else 0
             if idx is None or idx.ndim != 1 or rank is None or axis % rank != rank - 1:
                 return None
-            return node, g, idx.astype(np.int64), w
+            return GatherBefore(node, g, idx.astype(np.int64), w)
         found = _channel_gather(node)
         if found is None or (len(node.inputs) > 2 and node.inputs[2] is not None):
             return None
@@ -239,10 +261,10 @@ class AbsorbChannelGatherIntoWeights(Rule):
         grp, cin, cout = mix.groups
         if grp > 1 and grp == cin == cout:
             return None
-        return node, found[0], found[1], w
+        return GatherBefore(node, found[0], found[1], w)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, g, idx, w = match
+    def rewrite(self, model: "Model", match: GatherBefore) -> None:
+        node, g, idx, w = match.node, match.gather, match.indices, match.weight
         x_in = static_shape(g.inputs[0])
         if node.op_type == "MatMul":
             new_w = np.zeros((x_in[-1], w.shape[1]), dtype=np.float64)

@@ -6,6 +6,7 @@ exact constants (see :mod:`streamline.exact`) are the exact products and sums of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ import onnx_ir as ir
 from finnlite.core.graphutil import is_standard_domain, rank_of
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
-from streamline.exact import const_operand, exact_value, new_const_node, set_exact, to_float32
+from streamline.exact import LinearInput, const_operand, exact_value, new_const_node, set_exact, to_float32
 from streamline.real_thresholds import RealThresholds, fractions_of, set_real_thresholds
 
 if TYPE_CHECKING:
@@ -24,6 +25,17 @@ if TYPE_CHECKING:
 
 def _single_use(v: ir.Value) -> bool:
     return len(v.uses()) == 1 and not v.is_graph_output()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BatchNormParams:
+    """An inference BatchNorm (``node``) with constant ``gamma``, ``beta``, ``mean`` and ``var``."""
+
+    node: ir.Node
+    gamma: np.ndarray
+    beta: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
 
 
 @register_pass(group="collapse")
@@ -44,10 +56,10 @@ class BatchNormToAffine(Rule):
             return self.miss(node, "training-mode BatchNorm outputs are used")
         if rank_of(node.inputs[0], constants=False) is None:
             return self.miss(node, "input rank unknown")
-        return node, params
+        return BatchNormParams(node, *params)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (gamma, beta, mean, var) = match
+    def rewrite(self, model: "Model", match: BatchNormParams) -> None:
+        node, gamma, beta, mean, var = match.node, match.gamma, match.beta, match.mean, match.var
         eps = float(node.attributes["epsilon"].value) if "epsilon" in node.attributes else 1e-5
         g, b, mu, v = (np.asarray(p, dtype=np.float64).ravel() for p in (gamma, beta, mean, var))
         a = g / np.sqrt(v + np.float64(np.float32(eps)))
@@ -90,6 +102,14 @@ class ConvertDivToMul(Rule):
         model.remove_node(node)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class ConstChain:
+    """``outer(inner(x, b), a)``: two elementwise ops with constant operands, ``inner`` feeding only ``outer``."""
+
+    outer: LinearInput
+    inner: LinearInput
+
+
 class _CollapseRepeated(Rule):
     """Shared by CollapseRepeatedMul/Add: op(op(x, a), b) → op(x, a ∘ b)."""
 
@@ -108,15 +128,15 @@ class _CollapseRepeated(Rule):
             return self.miss(node, f"the preceding {self.op} has no constant operand")
         if not _single_use(x):
             return self.miss(node, f"the preceding {self.op} output is forked")
-        return node, outer, inner_node, inner
+        return ConstChain(LinearInput(node, *outer), LinearInput(inner_node, *inner))
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (oi, oval), inner_node, (ii, ival) = match
-        a, b = exact_value(inner_node, ival), exact_value(node, oval)
+    def rewrite(self, model: "Model", match: ConstChain) -> None:
+        node, inner_node = match.outer.node, match.inner.node
+        a, b = match.inner.exact(), match.outer.exact()
         combined = a * b if self.op == "Mul" else a + b
         combined = np.asarray(combined, dtype=object)
         k = model.add_initializer(to_float32(combined), prefix=f"{node.name}_c")
-        new = ir.Node("", self.op, [inner_node.inputs[1 - ii], k], outputs=[model.make_value_like(node.outputs[0])],
+        new = ir.Node("", self.op, [match.inner.data, k], outputs=[model.make_value_like(node.outputs[0])],
                       name=node.name)
         set_exact(new, combined)
         model.graph.insert_after(node, new)
@@ -162,15 +182,15 @@ class MoveAddPastMul(Rule):
             return None
         if not _single_use(x):
             return self.miss(node, "the preceding Add is forked")
-        return node, mul, add_node, add
+        return ConstChain(LinearInput(node, *mul), LinearInput(add_node, *add))
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (mi, mval), add_node, (ai, aval) = match
-        a, b = exact_value(node, mval), exact_value(add_node, aval)
+    def rewrite(self, model: "Model", match: ConstChain) -> None:
+        node, add_node = match.outer.node, match.inner.node
+        a, b = match.outer.exact(), match.inner.exact()
         ab = np.asarray(a * b, dtype=object)
         y = node.outputs[0]
-        k_mul = model.add_initializer(np.asarray(mval), prefix=f"{node.name}_c")
-        new_mul = ir.Node("", "Mul", [add_node.inputs[1 - ai], k_mul], outputs=[model.make_value_like(y)],
+        k_mul = model.add_initializer(np.asarray(match.outer.value), prefix=f"{node.name}_c")
+        new_mul = ir.Node("", "Mul", [match.inner.data, k_mul], outputs=[model.make_value_like(y)],
                           name=node.name)
         set_exact(new_mul, a)
         k_add = model.add_initializer(to_float32(ab), prefix=f"{add_node.name}_c")

@@ -289,7 +289,7 @@ def emit_multithreshold(model: "Model", node: ir.Node, x_in: ir.Value, q: StepQu
     return mt
 
 
-@dataclass
+@dataclass(frozen=True, slots=True, eq=False)
 class _ActMatch:
     node: ir.Node
     x_in: ir.Value

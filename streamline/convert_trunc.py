@@ -91,7 +91,7 @@ class _NotThePattern(Exception):
 
 
 # -- AveragePool → Trunc ------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True, slots=True, eq=False)
 class _PoolMatch:
     trunc: ir.Node
     pool: ir.Node
@@ -305,6 +305,15 @@ def trunc_step(model: "Model", node: ir.Node, max_bits: int) -> StepQuantizer:
 
 
 @equality
+@dataclass(frozen=True, slots=True, eq=False)
+class TruncSteps:
+    """A Trunc (``node``) as the step quantizer ``quantizer``, and its ``thresholds``."""
+
+    node: ir.Node
+    quantizer: Any
+    thresholds: Any
+
+
 @register_pass(group="convert")
 class ConvertTruncToMultiThreshold(Rule):
     """Trunc (version 2) → MultiThreshold(x, T; 1, qmin) [→ Add(−z/2^sh)] → Mul(output scale).
@@ -326,12 +335,11 @@ class ConvertTruncToMultiThreshold(Rule):
             return None
         try:
             q = trunc_step(model, node, self.max_threshold_bits)
-            return node, q, solve_thresholds(q)
+            return TruncSteps(node, q, solve_thresholds(q))
         except Unsupported as exc:
             if isinstance(exc, BitLimit):
                 log.warning("%s: %s; left as a Trunc", node.name, exc)
             return self.miss(node, str(exc))
 
-    def rewrite(self, model: "Model", m: Any) -> None:
-        node, q, thresholds = m
-        emit_multithreshold(model, node, node.inputs[0], q, thresholds)
+    def rewrite(self, model: "Model", m: TruncSteps) -> None:
+        emit_multithreshold(model, m.node, m.node.inputs[0], m.quantizer, m.thresholds)

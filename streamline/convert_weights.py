@@ -282,7 +282,7 @@ def is_bias_use(node: ir.Node, index: int, depth: int = 0) -> bool:
     return False
 
 
-@dataclass
+@dataclass(frozen=True, slots=True, eq=False)
 class _WeightMatch:
     node: ir.Node
     weight: IntegerWeight

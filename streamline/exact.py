@@ -12,6 +12,7 @@ Helpers here find a node's constant operand, read it exactly, and reduce it to a
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -36,12 +37,31 @@ def const_operand(node: ir.Node) -> tuple[int, np.ndarray] | None:
 
 
 
-def linear_input(node: ir.Node, index: int, ops: tuple[str, ...]) -> tuple[ir.Node, int, np.ndarray] | None:
-    """``(lin, ci, value)`` if input ``index`` of ``node`` is produced by a Mul/Add in ``ops`` (``lin``) with a
-    constant operand (input ``ci``, ``value``), feeding only ``node``."""
+@dataclass(frozen=True, slots=True, eq=False)
+class LinearInput:
+    """A Mul or Add (``node``) with a constant operand (input ``const_index``, read as ``value``): the elementwise op
+    a reorder rule moves (:func:`linear_input` finds one whose output feeds only the node that reads it)."""
+
+    node: ir.Node
+    const_index: int
+    value: np.ndarray
+
+    @property
+    def data(self) -> ir.Value:
+        """The computed operand (the one that is not the constant)."""
+        return self.node.inputs[1 - self.const_index]
+
+    def exact(self) -> np.ndarray:
+        """The constant, exactly (:func:`exact_value`)."""
+        return exact_value(self.node, self.value)
+
+
+def linear_input(node: ir.Node, index: int, ops: tuple[str, ...]) -> LinearInput | None:
+    """The :class:`LinearInput` producing input ``index`` of ``node`` if it is a Mul/Add in ``ops`` with a constant
+    operand, feeding only ``node``."""
     lin = sole_producer(node, index, ops)
     c = const_operand(lin) if lin is not None else None
-    return None if c is None else (lin, c[0], c[1])
+    return None if c is None else LinearInput(lin, c[0], c[1])
 
 def exact_value(node: ir.Node, value: np.ndarray) -> np.ndarray:
     """The exact constant of ``node`` as an object array of Fractions (its metadata if present, else ``value``)."""

@@ -10,6 +10,7 @@ then end the graph in software, where FINN leaves them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,6 +26,17 @@ if TYPE_CHECKING:
 __all__ = ["MoveOutputScaleBeforeLayout"]
 
 _LAYOUT = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ConstantAfterLayout:
+    """A Mul/Add (``node``, its constant at input ``const_index``) at the graph output after ``layout``, and the
+    constant as it reads before the layout op (``constant``)."""
+
+    node: ir.Node
+    const_index: int
+    layout: ir.Node
+    constant: np.ndarray
 
 
 @register_pass(group="finalize")
@@ -56,17 +68,17 @@ class MoveOutputScaleBeforeLayout(Rule):
             return None
         c = const_array(node.inputs[ci])
         if c.size == 1:
-            return node, ci, layout, c.reshape(())
+            return ConstantAfterLayout(node, ci, layout, c.reshape(()))
         src, out = layout.inputs[0].shape, x.shape
         if src is None or out is None or len(out) != 2 or any(not isinstance(d, int) for d in list(src) + list(out)):
             return self.miss(node, "a per-element constant cannot pass a layout op of unknown shapes")
         if len(src) < 2 or any(d != 1 for d in src[1:-1]) or src[-1] != out[-1] or c.size != out[-1] or (
                 c.ndim > 2 or c.ndim == 2 and c.shape[0] != 1):
             return self.miss(node, f"the constant does not follow the {layout.op_type}'s last axis")
-        return node, ci, layout, c.reshape((1,) * (len(src) - 1) + (c.size,))
+        return ConstantAfterLayout(node, ci, layout, c.reshape((1,) * (len(src) - 1) + (c.size,)))
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, ci, layout, c = match
+    def rewrite(self, model: "Model", match: ConstantAfterLayout) -> None:
+        node, ci, layout, c = match.node, match.const_index, match.layout, match.constant
         y, out, src = node.outputs[0], layout.outputs[0], layout.inputs[0]
         k = model.add_initializer(np.asarray(c, dtype=const_array(node.inputs[ci]).dtype), prefix=f"{node.name}_c")
         moved = ir.Node(node.domain, node.op_type, [src, k], attributes=list(node.attributes.values()),

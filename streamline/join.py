@@ -9,6 +9,7 @@ the limit, the rule's miss says why and the join stays float.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -28,10 +29,31 @@ _STD = ("", "ai.onnx")
 _CACHE: dict[tuple, JoinMultipliers | str] = {}
 
 
-def _branch(model: Any, node: ir.Node, i: int) -> Any:
-    """``(source, scale, mul)`` for input ``i`` of the Add: a scalar ``Mul(source, scale)`` feeding only the Add,
-    or the input itself with scale 1; None if the source is not an integer tensor; a string if the scale is not a
-    scalar."""
+@dataclass(frozen=True, slots=True, eq=False)
+class Branch:
+    """One input of a join: a scalar ``Mul(source, scale)`` (``mul``) feeding only the Add, or the input itself
+    (``mul`` None, scale 1); ``source`` is an integer tensor whose datatype's ``(min, max)`` is ``bounds``."""
+
+    source: ir.Value
+    scale: Fraction
+    mul: ir.Node | None
+    bounds: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class JoinMatch:
+    """A join ``node`` of two integer ``branches`` read only by MultiThresholds (``consumers``), and the integer
+    multipliers and thresholds ``found`` for them."""
+
+    node: ir.Node
+    branches: tuple[Branch, Branch]
+    consumers: list[ir.Node]
+    found: JoinMultipliers
+
+
+def _branch(model: Any, node: ir.Node, i: int) -> Branch | str | None:
+    """The :class:`Branch` at input ``i`` of the Add; None if its source is not an integer tensor; a string if its
+    scale is not a scalar."""
     v = node.inputs[i]
     lin = v.producer()
     src, scale, mul = v, Fraction(1), None
@@ -45,7 +67,7 @@ def _branch(model: Any, node: ir.Node, i: int) -> Any:
     dt = model.get_tensor_datatype(src.name) if src.name else None
     if dt is None or not is_integer_type(dt):
         return None
-    return src, scale, mul, (int(dt.min()), int(dt.max()))
+    return Branch(src, scale, mul, (int(dt.min()), int(dt.max())))
 
 
 @register_pass(group="reorder")
@@ -70,14 +92,15 @@ class IntegerJoinMultipliers(Rule):
     def match(self, model: Any, node: ir.Node) -> Any:
         if len(node.inputs) != 2 or const_operand(node) is not None or any(v is None for v in node.inputs):
             return None
-        branches = [_branch(model, node, i) for i in (0, 1)]
-        if any(b is None for b in branches):
+        found_branches = [_branch(model, node, i) for i in (0, 1)]
+        if any(b is None for b in found_branches):
             return None
-        for b in branches:
+        for b in found_branches:
             if isinstance(b, str):
                 return self.miss(node, b)
-        (_, s1, m1, ra), (_, s2, m2, rb) = branches
-        if (m1 is None and m2 is None) or s1 == s2 or (s1.denominator == 1 and s2.denominator == 1):
+        left, right = found_branches
+        s1, s2, ra, rb = left.scale, right.scale, left.bounds, right.bounds
+        if (left.mul is None and right.mul is None) or s1 == s2 or (s1.denominator == 1 and s2.denominator == 1):
             return None  # no scale, equal scales (MoveLinearPastEltwiseAdd) or integer arithmetic already
         y = node.outputs[0]
         if y.is_graph_output():
@@ -97,14 +120,15 @@ class IntegerJoinMultipliers(Rule):
             _CACHE[key] = found
         if isinstance(found, str):
             return self.miss(node, found)
-        return node, branches, consumers, found
+        return JoinMatch(node, (left, right), consumers, found)
 
-    def rewrite(self, model: Any, match: Any) -> None:
-        node, branches, consumers, found = match
+    def rewrite(self, model: Any, match: JoinMatch) -> None:
+        node, consumers, found = match.node, match.consumers, match.found
         ks = (found.p, found.q)
         sub = ks.count(-1) == 1  # a lone multiplier −1 is a Sub's subtrahend (FINN types a Mul by −1 as BIPOLAR)
         terms = []
-        for (src, _, _, _), k in zip(branches, ks):
+        for branch, k in zip(match.branches, ks):
+            src = branch.source
             if k != 1 and not (sub and k == -1):
                 c = model.add_initializer(np.array(float(k), np.float32), prefix=f"{node.name}_int")
                 m = ir.Node("", "Mul", [src, c], outputs=[model.make_value_like(src)], name=f"{node.name}_x{k}")
@@ -119,9 +143,9 @@ class IntegerJoinMultipliers(Rule):
         model.replace_uses(y, add.outputs[0])
         model.remove_node(node)
         add.name = node.name
-        for _, _, mul, _ in branches:
-            if mul is not None:
-                model.remove_node(mul)
+        for branch in match.branches:
+            if branch.mul is not None:
+                model.remove_node(branch.mul)
         for mt, t in zip(consumers, found.thresholds):
             set_real_thresholds(mt, RealThresholds(t, np.zeros(t.shape, dtype=bool)))
             materialize(model, mt)

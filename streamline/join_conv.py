@@ -9,6 +9,7 @@ reproduce the thresholds on that box, proven by enumeration; ``p`` and ``q`` go 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -40,6 +41,20 @@ def _as_conv_weight(node: ir.Node, w: np.ndarray | None) -> np.ndarray | None:
     if node.op_type == "MatMul":
         return w.T if w.ndim == 2 else None
     return w if w.ndim >= 3 else None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TwoScaleInput:
+    """A Conv/MatMul (``node``) reading ``Mul(x, v)`` (``mul``) with v taking two values over the input channels
+    (``group_a``: the channels of the first), its one MultiThreshold ``mt``, and the multipliers found per output
+    channel (``found``)."""
+
+    node: ir.Node
+    mul: ir.Node
+    x: ir.Value
+    mt: ir.Node
+    group_a: np.ndarray
+    found: list
 
 
 @register_pass(group="reorder")
@@ -94,7 +109,7 @@ class IntegerConvInputScales(Rule):
         found = _CACHE[key]
         if isinstance(found, str):
             return self.miss(node, found)
-        return node, mul, x, mt, group_a, found
+        return TwoScaleInput(node, mul, x, mt, group_a, found)
 
     def _search(self, w, group_a, s_a, s_b, lo, hi, rt) -> Any:
         out = []
@@ -109,8 +124,8 @@ class IntegerConvInputScales(Rule):
             out.append(f)
         return out
 
-    def rewrite(self, model: Any, match: Any) -> None:
-        node, mul, x, mt, group_a, found = match
+    def rewrite(self, model: Any, match: TwoScaleInput) -> None:
+        node, mul, x, mt, group_a, found = match.node, match.mul, match.x, match.mt, match.group_a, match.found
         w = np.array(_as_conv_weight(node, const_array(node.inputs[1])), dtype=np.float64)
         for o, f in enumerate(found):
             w[o, group_a] *= f.p

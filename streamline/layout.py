@@ -8,12 +8,13 @@ Transpose left is one NCHW→NHWC at the graph input (:mod:`streamline.layout_wa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
 from finnlite.core.graphutil import take_over
-from finnlite.core.passes import Miss, Rule, Transformation, register_pass
+from finnlite.core.passes import PassResult, Rule, Transformation, register_pass
 from finnlite.core.shapes import const_array
 from streamline.lower_common import (TO_NCHW, attr, copy_annotations, identity, is_op, new_value, shape_of, then,
                                      transpose_perm)
@@ -63,21 +64,24 @@ class ConvertToNHWC(Transformation):
 
     aliases = ("ConvertToChannelsLastAndClean",)
 
-    def __init__(self) -> None:
-        self.misses: list[Miss] = []
-        self.rewrites = 0
-
-    def apply(self, model: "Model") -> bool:
-        self.misses = []
+    def run(self, model: "Model", declined: frozenset[str] = frozenset()) -> PassResult:
         model.infer_shapes(only_missing=True)
         if not any(o.shape is not None and len(o.shape) == 4 for n in model.graph for o in n.outputs):
-            return False
+            return PassResult(False, 0)
         walk = LayoutWalk(model, self.name)
         walk.insert_input_transposes()
         walk.run()
-        self.misses = walk.misses
-        self.rewrites = walk.edits
-        return walk.edits > 0
+        return PassResult(walk.edits > 0, walk.edits, tuple(walk.misses))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TransposeBeforeThresholds:
+    """A Transpose to NCHW (``transpose``) read only by MultiThreshold ``mt``; ``shape``: the Transpose's static
+    input shape."""
+
+    transpose: ir.Node
+    mt: ir.Node
+    shape: tuple[int, ...]
 
 
 @register_pass(group="lower")
@@ -106,10 +110,10 @@ class AbsorbTransposeIntoMultiThreshold(Rule):
         shape = shape_of(model, node.inputs[0])
         if shape is None:
             return self.miss(node, "the Transpose input has no static shape")
-        return node, mt, shape
+        return TransposeBeforeThresholds(node, mt, tuple(shape))
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        tr, mt, shape = match
+    def rewrite(self, model: "Model", match: TransposeBeforeThresholds) -> None:
+        tr, mt, shape = match.transpose, match.mt, match.shape
         y = mt.outputs[0]
         name = mt.name or "MultiThreshold"
         mid = new_value(model, f"{name}_nhwc", shape, None, ["N", "H", "W", "C"])

@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from finnlite.core.graphutil import add_constant, annotate, is_standard_domain, rank_of, take_over
-from finnlite.core.passes import Miss, Transformation, register_pass
+from finnlite.core.passes import Miss, PassResult, Transformation, register_pass
 from finnlite.core.shapes import const_array
 from streamline.algebra import MONOTONE
 from streamline.exact import EXACT_KEY, exact_value, set_exact
@@ -46,20 +46,15 @@ class Change3DTo4DTensors(Transformation):
     elements in the order of ``(N, C, W)``; a graph output reads the 4-D tensor through a Reshape to its 3-D
     shape."""
 
-    def __init__(self) -> None:
-        self.misses: list[Miss] = []
-
-    def apply(self, model: "Model") -> bool:
-        self.misses = []
+    def run(self, model: "Model", declined: frozenset[str] = frozenset()) -> PassResult:
         const = {name for name in model.graph.initializers}
         three = [v for n in model.graph for v in n.outputs if rank_of(v, constants=False) == 3]
         three += [v for v in model.graph.inputs if rank_of(v, constants=False) == 3 and v.name not in const]
         if not three:
-            return False
+            return PassResult(False)
         reason = self._unsupported(model, three)
         if reason is not None:
-            self.misses.append(Miss(self.name, reason[0], reason[1]))
-            return False
+            return PassResult(False, misses=(Miss(self.name, reason[0], reason[1]),))
         nodes = {id(u.node): u.node for v in three for u in v.uses()}
         nodes.update({id(v.producer()): v.producer() for v in three if v.producer() is not None})
         for node in nodes.values():
@@ -71,7 +66,7 @@ class Change3DTo4DTensors(Transformation):
                 self._reshape_output(model, v)
             else:
                 v.shape = ir.Shape(list(v.shape) + [1])
-        return True
+        return PassResult(True)
 
     # -- conditions ------------------------------------------------------------------------------------------------
     def _unsupported(self, model: "Model", three: list[ir.Value]) -> tuple[str, str] | None:

@@ -72,7 +72,7 @@ def explicit_pads(auto_pad: str, pads: list[int], in_hw: tuple[int, int], kernel
     return begin + end
 
 
-@dataclass
+@dataclass(frozen=True, slots=True, eq=False)
 class _ConvMatch:
     node: ir.Node
     weight: np.ndarray

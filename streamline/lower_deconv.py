@@ -9,6 +9,7 @@ it are removed by :class:`~streamline.layout.ConvertToNHWC` like those of a lowe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,6 +39,24 @@ def deconv_as_conv(w: np.ndarray, pads: list[int], kernel: list[int], dilations:
     begin = [d * (k - 1) - pads[i] for i, (k, d) in enumerate(zip(kernel, dilations))]
     end = [d * (k - 1) - pads[i + n] + output_padding[i] for i, (k, d) in enumerate(zip(kernel, dilations))]
     return conv_w, begin + end
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DeconvMatch:
+    """A ConvTranspose ``node`` with its ``weight``, the convolution it is after zero insertion (``conv_weight``,
+    ``pads``), its static input and output shapes, ``strides``, ``dilations``, the spatial size after zero insertion
+    (``inserted``) and the input datatype ``dt`` (None if not annotated)."""
+
+    node: ir.Node
+    weight: np.ndarray
+    conv_weight: np.ndarray
+    x_shape: tuple[int, ...]
+    y_shape: tuple[int, ...]
+    strides: list[int]
+    dilations: list[int]
+    pads: list[int]
+    inserted: list[int]
+    dt: Any
 
 
 @register_pass(group="lower")
@@ -92,10 +111,13 @@ class LowerConvTransposeToMatMul(Rule):
                     zip(inserted, kernel, conv_pads[:2], conv_pads[2:], dilations)]
         if list(y_shape) != [x_shape[0], w.shape[1], *expected]:
             return self.miss(node, f"output shape {y_shape} does not match the attributes")
-        return node, w, conv_w, x_shape, y_shape, strides, dilations, conv_pads, inserted, dt
+        return DeconvMatch(node, w, conv_w, tuple(x_shape), tuple(y_shape), strides, dilations, conv_pads, inserted,
+                           dt)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, w, conv_w, (n, c, h, wd), (_, cout, oh, ow), strides, dilations, pads, (ph, pw), dt = match
+    def rewrite(self, model: "Model", match: DeconvMatch) -> None:
+        node, w, conv_w, dt = match.node, match.weight, match.conv_weight, match.dt
+        strides, dilations, pads = match.strides, match.dilations, match.pads
+        (n, c, h, wd), (_, cout, oh, ow), (ph, pw) = match.x_shape, match.y_shape, match.inserted
         ensure_custom_domain(model)
         model.graph.opset_imports.setdefault(HW_DOMAIN, 1)
         x, y = node.inputs[0], node.outputs[0]

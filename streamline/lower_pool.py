@@ -29,7 +29,7 @@ NHWC = ["N", "H", "W", "C"]
 NCHW = ["N", "C", "H", "W"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class MaxPoolMatch:
     """A match of MakeMaxPoolNHWC: the MaxPool ``node``, its input's static NCHW ``shape`` and its attributes."""
 
@@ -104,6 +104,19 @@ class MakeMaxPoolNHWC(Rule):
         model.remove_node(node)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class PoolWindows:
+    """A 2-D pool ``node`` of an integer tensor (datatype ``dt``) with the static input ``shape`` and its
+    ``kernel``, ``strides`` and explicit ``pads``."""
+
+    node: ir.Node
+    shape: tuple[int, ...]
+    kernel: list[int]
+    strides: list[int]
+    pads: list[int]
+    dt: Any
+
+
 @register_pass(group="lower")
 class LowerAveragePool(Rule):
     """AveragePool(x)  →  Transpose → Im2Col → Reshape → ReduceSum → Mul(1/(kh·kw)) → Transpose, for an integer x.
@@ -142,10 +155,11 @@ class LowerAveragePool(Rule):
                                    "elements: not one scale")
         if any(pads) and not dt.allowed(0):
             return self.miss(node, f"the input datatype {dt.name} cannot hold the zero padding")
-        return node, shape, kernel, strides, pads, dt
+        return PoolWindows(node, tuple(shape), kernel, strides, pads, dt)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (n, c, h, w), kernel, strides, pads, dt = match
+    def rewrite(self, model: "Model", match: PoolWindows) -> None:
+        node, kernel, strides, pads, dt = match.node, match.kernel, match.strides, match.pads, match.dt
+        n, c, h, w = match.shape
         ensure_custom_domain(model)
         x, y = node.inputs[0], node.outputs[0]
         name = node.name or "AveragePool"

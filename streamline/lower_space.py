@@ -8,6 +8,7 @@ Reshape–Transpose–Reshape on the NHWC stream, which FINN's ``InferShuffle`` 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,6 +36,17 @@ def space_depth_chain(op: str, shape: tuple[int, int, int, int], block: int, mod
     return [n, c, h // b, b, w // b, b], [0, 3, 5, 1, 2, 4], [n, c * b * b, h // b, w // b]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class SpaceDepthSteps:
+    """A DepthToSpace/SpaceToDepth ``node`` as its three steps: Reshape to ``first``, Transpose by ``perm``,
+    Reshape to ``final``."""
+
+    node: ir.Node
+    first: list[int]
+    perm: list[int]
+    final: list[int]
+
+
 @register_pass(group="lower")
 class LowerDepthToSpace(Rule):
     """DepthToSpace / SpaceToDepth(x) → Reshape(Transpose(Reshape(x, s₁), p), s₂).
@@ -55,10 +67,10 @@ class LowerDepthToSpace(Rule):
         if block < 1:
             return self.miss(node, "no blocksize")
         mode = str(attr(node, "mode", "DCR") or "DCR")
-        return node, space_depth_chain(node.op_type, shape, block, mode)
+        return SpaceDepthSteps(node, *space_depth_chain(node.op_type, shape, block, mode))
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (first, perm, final) = match
+    def rewrite(self, model: "Model", match: SpaceDepthSteps) -> None:
+        node, first, perm, final = match.node, match.first, match.perm, match.final
         x, y = node.inputs[0], node.outputs[0]
         name = node.name or node.op_type
         s1 = add_constant(model, np.asarray(first, np.int64), f"{name}_split")

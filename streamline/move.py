@@ -17,6 +17,7 @@ as exact rationals, :mod:`streamline.exact`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ from streamline.algebra import (MONOTONE, MOVEMENT, compress, data_inputs, eleme
                                 static_shape, through_mixing, varying_axes)
 from streamline.channel_gather import single_axis_gather
 from streamline.convert_common import layout_for
-from streamline.exact import const_operand, exact_value, set_exact, to_float32
+from streamline.exact import LinearInput, linear_input, set_exact, to_float32
 from streamline.real_thresholds import get_real_thresholds, set_real_thresholds
 
 if TYPE_CHECKING:
@@ -41,19 +42,37 @@ if TYPE_CHECKING:
 _RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 
 
-def _const_producer(node: ir.Node, index: int, ops: tuple[str, ...]) -> tuple[ir.Node, int, np.ndarray] | None:
-    """``(lin, const_index, exact constant)`` if input ``index`` of ``node`` is made by a Mul/Add in ``ops`` with a
-    constant operand that feeds only ``node``."""
-    v = node.inputs[index] if index < len(node.inputs) else None
-    lin = v.producer() if v is not None else None
-    if lin is None or lin.op_type not in ops or not is_standard_domain(lin.domain):
-        return None
-    if len(v.uses()) != 1 or v.is_graph_output():
-        return None
-    c = const_operand(lin)
-    if c is None:
-        return None
-    return lin, c[0], exact_value(lin, c[1])
+@dataclass(frozen=True, slots=True, eq=False)
+class MovementMatch:
+    """A data-movement ``node`` whose data inputs are all made by Muls (or all by Adds) with constants (``lins``, in
+    the order of the data inputs); ``moved``: the constant after each output; ``fill``: the new fill value, if the
+    op has one that changes."""
+
+    node: ir.Node
+    lins: tuple[LinearInput, ...]
+    moved: tuple[np.ndarray, ...]
+    fill: Fraction | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PastLinear:
+    """A Mul/Add (``lin``) before input 0 of a linear or selection ``node``, and its constant after ``node``
+    (``moved``)."""
+
+    node: ir.Node
+    lin: LinearInput
+    moved: np.ndarray
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ElementwiseAfterMovement:
+    """An elementwise ``node`` (a MultiThreshold or a monotone function) reading data-movement ``movement``; for a
+    MultiThreshold with several rows, the row for each channel of the movement's input along ``axis`` (``rows``)."""
+
+    node: ir.Node
+    movement: ir.Node
+    rows: np.ndarray | None = None
+    axis: int | None = None
 
 
 def _append_const_op(model: "Model", node: ir.Node, output: int, op_type: str, exact: np.ndarray,
@@ -73,10 +92,10 @@ def _append_const_op(model: "Model", node: ir.Node, output: int, op_type: str, e
     return new
 
 
-def _unlink(model: "Model", node: ir.Node, index: int, lin: ir.Node, const_index: int) -> None:
-    """Make input ``index`` of ``node`` read the input of ``lin`` and remove ``lin``."""
-    node.replace_input_with(index, lin.inputs[1 - const_index])
-    model.remove_node(lin)
+def _unlink(model: "Model", node: ir.Node, index: int, lin: LinearInput) -> None:
+    """Make input ``index`` of ``node`` read the computed input of ``lin`` and remove ``lin``."""
+    node.replace_input_with(index, lin.data)
+    model.remove_node(lin.node)
 
 
 def _float32_exact(v: Fraction) -> bool:
@@ -106,13 +125,14 @@ class MoveLinearPastDataMovement(Rule):
         if decl is None:
             return None
         data = data_inputs(node, decl)
-        lins = [_const_producer(node, i, ("Mul", "Add")) for i in data]
-        if not lins or any(x is None for x in lins) or len({x[0].op_type for x in lins}) != 1:
+        found = [linear_input(node, i, ("Mul", "Add")) for i in data]
+        lins = tuple(x for x in found if x is not None)
+        if not lins or len(lins) != len(found) or len({x.node.op_type for x in lins}) != 1:
             return None
-        op = lins[0][0].op_type
+        op = lins[0].node.op_type
         if node.op_type == "Gather" and const_array(node.inputs[1]) is None:
             return self.miss(node, "the Gather's indices are not constant")
-        values = [x[2] for x in lins]
+        values = [x.exact() for x in lins]
         fill_value = None
         if decl.fill is not None:
             fill = node.inputs[decl.fill] if decl.fill < len(node.inputs) else None
@@ -126,7 +146,7 @@ class MoveLinearPastDataMovement(Rule):
         same_scalar = all(v.size == 1 for v in values) and len({v.ravel()[0] for v in values}) == 1
         if same_scalar and fill_value is None and node.op_type != "Pad":
             scalar = np.asarray(values[0].ravel()[0], dtype=object)
-            return node, lins, [scalar] * len(node.outputs), None
+            return MovementMatch(node, lins, (scalar,) * len(node.outputs))
         emap = element_map_of(model, node)
         if emap is None:
             return self.miss(node, f"the {node.op_type}'s shapes or parameters are not static")
@@ -148,7 +168,7 @@ class MoveLinearPastDataMovement(Rule):
                     new_fill = fill_value - a
                 if new_fill is not None and not _float32_exact(new_fill):
                     return self.miss(node, "the moved fill value is not exact in float32")
-                return node, lins, [np.asarray(a, dtype=object)] * len(node.outputs), new_fill
+                return MovementMatch(node, lins, (np.asarray(a, dtype=object),) * len(node.outputs), new_fill)
             if op == "Add" or fill_value != 0:
                 return self.miss(node, f"a non-scalar {op} cannot pass a fill (the fill value is one scalar)")
         before = max((len(varying_axes(v)) for v in values), default=0)
@@ -160,20 +180,20 @@ class MoveLinearPastDataMovement(Rule):
             if out is None or len(varying_axes(out)) > max(1, before):
                 return self.miss(node, f"the {op}'s constant would vary along more axes after the {node.op_type}")
             moved.append(out)
-        return node, lins, moved, None
+        return MovementMatch(node, lins, tuple(moved))
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, lins, moved, new_fill = match
+    def rewrite(self, model: "Model", match: MovementMatch) -> None:
+        node = match.node
         decl = movement(node)
-        op, name = lins[0][0].op_type, lins[0][0].name
-        for i, (lin, ci, _) in zip(data_inputs(node, decl), lins):
-            _unlink(model, node, i, lin, ci)
-        if new_fill is not None:
-            k = model.add_initializer(np.array(float(new_fill), np.float32), prefix=f"{node.name}_fill")
+        op, name = match.lins[0].node.op_type, match.lins[0].node.name
+        for i, lin in zip(data_inputs(node, decl), match.lins):
+            _unlink(model, node, i, lin)
+        if match.fill is not None:
+            k = model.add_initializer(np.array(float(match.fill), np.float32), prefix=f"{node.name}_fill")
             while len(node.inputs) < 3:
                 node.resize_inputs(len(node.inputs) + 1)
             node.replace_input_with(2, k)
-        for k, value in enumerate(moved):
+        for k, value in enumerate(match.moved):
             _append_const_op(model, node, k, op, value, name if k == 0 else f"{name}_{k}")
 
 
@@ -208,24 +228,23 @@ class MoveMulPastLinear(Rule):
     aliases = ("MoveScalarMulPastMatMul", "MoveScalarMulPastConv", "MoveMulPastDWConv", "MoveMulPastMaxPool")
 
     def match(self, model: "Model", node: ir.Node) -> Any:
-        lin = _const_producer(node, 0, ("Mul",))
+        lin = linear_input(node, 0, ("Mul",))
         if lin is None or not _plain_linear_input(node):
             return None
         mix = mixing(node)
         if mix is None:
             return self.miss(node, f"the {node.op_type}'s axes or weight shape are not known")
-        out = through_mixing(mix, lin[2])
+        out = through_mixing(mix, lin.exact())
         if isinstance(out, str):
             return self.miss(node, f"the Mul's constant {out}" + (
                 " (a per-channel scale cannot pass integer weights)" if node.op_type in ("Conv", "MatMul") else ""))
         if mix.selection and any(v < 0 for v in out.ravel()):
             return self.miss(node, f"a negative scale cannot pass {node.op_type}")
-        return node, lin, out
+        return PastLinear(node, lin, out)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), out = match
-        _unlink(model, node, 0, lin, ci)
-        _append_const_op(model, node, 0, "Mul", out, lin.name)
+    def rewrite(self, model: "Model", match: PastLinear) -> None:
+        _unlink(model, match.node, 0, match.lin)
+        _append_const_op(model, match.node, 0, "Mul", match.moved, match.lin.node.name)
 
 
 @register_pass(group="reorder")
@@ -242,7 +261,7 @@ class MoveAddPastAveraging(Rule):
                 "ReduceMax", "ReduceMin")
 
     def match(self, model: "Model", node: ir.Node) -> Any:
-        lin = _const_producer(node, 0, ("Add",))
+        lin = linear_input(node, 0, ("Add",))
         if lin is None or not _plain_linear_input(node):
             return None
         mix = mixing(node)
@@ -252,15 +271,14 @@ class MoveAddPastAveraging(Rule):
             what = "an AveragePool that counts padding" if node.op_type == "AveragePool" else \
                 f"{node.op_type} (unknown sizes)"
             return self.miss(node, f"an Add cannot pass {what}")
-        out = through_mixing(mix, lin[2])
+        out = through_mixing(mix, lin.exact())
         if isinstance(out, str):
             return self.miss(node, f"the Add's constant {out}")
-        return node, lin, np.asarray(out * mix.gain, dtype=object) if mix.gain != 1 else out
+        return PastLinear(node, lin, np.asarray(out * mix.gain, dtype=object) if mix.gain != 1 else out)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), out = match
-        _unlink(model, node, 0, lin, ci)
-        _append_const_op(model, node, 0, "Add", out, lin.name)
+    def rewrite(self, model: "Model", match: PastLinear) -> None:
+        _unlink(model, match.node, 0, match.lin)
+        _append_const_op(model, match.node, 0, "Add", match.moved, match.lin.node.name)
 
 
 def _threshold_rows_back(model: "Model", node: ir.Node, mt: ir.Node) -> tuple[np.ndarray, int] | str | None:
@@ -344,23 +362,22 @@ class MoveDataMovementPastElementwise(Rule):
                 d.inputs[0].is_graph_input():
             return None  # (the input's own layout change stays at the input)
         if node.op_type != "MultiThreshold":
-            return node, d, None
+            return ElementwiseAfterMovement(node, d)
         rows = _threshold_rows_back(model, d, node)
         if isinstance(rows, str):
             return self.miss(node, f"cannot go before the {d.op_type}: {rows}")
-        return node, d, rows
+        return ElementwiseAfterMovement(node, d, *rows) if rows is not None else ElementwiseAfterMovement(node, d)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, d, rows = match
+    def rewrite(self, model: "Model", match: ElementwiseAfterMovement) -> None:
+        node, d, rows = match.node, match.movement, match.rows
         x, y = d.inputs[0], node.outputs[0]
         inputs = [x] + list(node.inputs[1:])
         attrs = [a for k, a in node.attributes.items() if k != "data_layout"]
         rank = rank_of(x, constants=False)
         if rows is not None:
-            table, axis = rows
             t = const_array(node.inputs[1])
-            inputs[1] = model.add_initializer(np.ascontiguousarray(t[table]), prefix=f"{node.name}_thr")
-            attrs.append(ir.AttrString("data_layout", layout_for(axis, rank)))
+            inputs[1] = model.add_initializer(np.ascontiguousarray(t[rows]), prefix=f"{node.name}_thr")
+            attrs.append(ir.AttrString("data_layout", layout_for(match.axis, rank)))
         elif "data_layout" in node.attributes and len(node.attributes["data_layout"].value) == rank:
             attrs.append(node.attributes["data_layout"])
         f_out = model.make_value_like(x)
@@ -369,7 +386,7 @@ class MoveDataMovementPastElementwise(Rule):
         if rows is not None:
             rt = get_real_thresholds(node)
             if rt is not None and rt.shape[0] > 1:
-                set_real_thresholds(new_f, rt.rows(rows[0]))
+                set_real_thresholds(new_f, rt.rows(rows))
         d_out = model.make_value_like(y)
         new_d = ir.Node(d.domain, d.op_type, [f_out] + list(d.inputs[1:]), attributes=list(d.attributes.values()),
                         outputs=[d_out], name=d.name)

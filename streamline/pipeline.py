@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 
 from finnlite.core.errors import ConfigError
 from finnlite.core.model import Model
-from finnlite.core.passes import PassManager, RunReport, Stage, Transformation, register_pass
+from finnlite.core.passes import PassManager, PassResult, RunReport, Stage, Transformation, register_pass
 from finnlite.core.validate import validate_model
 from streamline.absorb import ABSORB_PASSES, MaterializeThresholds
 from streamline.absorb_monotone import MONOTONE_PASSES
@@ -68,15 +68,10 @@ class _StagesPass(Transformation):
     group = "stage"
     stages: tuple[str, ...] = ()
 
-    def __init__(self) -> None:
-        self.misses: list = []
-        self.rewrites = 0
-
-    def apply(self, model: Any) -> bool:
+    def run(self, model: Any, declined: frozenset[str] = frozenset()) -> PassResult:
         report = PassManager(select_stages(default_stages(), self.stages)).run(model)
-        self.misses = list(report.misses)
-        self.rewrites = sum(r.rewrites or 0 for r in report.records)
-        return any(r.changed for r in report.records)
+        return PassResult(any(r.changed for r in report.records), sum(r.rewrites or 0 for r in report.records),
+                          tuple(report.misses))
 
 
 def streamline_passes() -> list:

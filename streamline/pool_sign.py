@@ -11,6 +11,7 @@ the Conv before it, leaving ``|a|``, which then passes the MaxPool.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,32 @@ def flip_rows(rt: RealThresholds, flip: np.ndarray, out_bias: int) -> tuple[Real
     return RealThresholds(base, strict, alpha, new_beta), low
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class SignBeforeMaxPool:
+    """A per-channel Mul (``node``, its constant at input ``const_index``, exactly ``scale`` per channel, rank
+    ``rank``) of mixed sign before a MaxPool, reading MultiThreshold ``mt`` (integer ``out_bias``, input datatype
+    ``dt``) after ``conv`` with integer weights ``weight``."""
+
+    node: ir.Node
+    const_index: int
+    mt: ir.Node
+    conv: ir.Node
+    weight: np.ndarray
+    scale: np.ndarray
+    out_bias: int
+    dt: Any
+    rank: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SignedLevels:
+    """A padded MaxPool (``node``) reading MultiThreshold ``mt`` whose levels start at ``out_bias`` < 0."""
+
+    node: ir.Node
+    mt: ir.Node
+    out_bias: float
+
+
 @register_pass(group="absorb")
 class AbsorbChannelSignIntoMultiThreshold(Rule):
     """MaxPool(Mul(MultiThreshold(Conv(x, W); R, b), a)) with per-channel a of mixed sign
@@ -93,10 +120,10 @@ class AbsorbChannelSignIntoMultiThreshold(Rule):
         if scale != 1.0 or bias != round(bias) or not is_integer_type(dt) or per_channel_elsewhere:
             return self.miss(node, "the MultiThreshold before the sign needs out_scale 1, an integer out_bias and "
                                    "an integer NCHW input")
-        return node, c[0], mt, conv, w, vec, int(bias), dt, rank
+        return SignBeforeMaxPool(node, c[0], mt, conv, w, vec, int(bias), dt, rank)
 
-    def rewrite(self, model: Any, match: Any) -> None:
-        node, ci, mt, conv, w, vec, bias, dt, rank = match
+    def rewrite(self, model: Any, match: SignBeforeMaxPool) -> None:
+        node, mt, conv, w, vec, dt = match.node, match.mt, match.conv, match.weight, match.scale, match.dt
         flip = np.array([v < 0 for v in vec])
         new_w = (w * np.where(flip, -1.0, 1.0).reshape([-1] + [1] * (w.ndim - 1))).astype(w.dtype)
         wv = model.add_initializer(new_w, prefix=f"{conv.inputs[1].name}_signed")
@@ -104,7 +131,7 @@ class AbsorbChannelSignIntoMultiThreshold(Rule):
         conv.replace_input_with(1, wv)
         lo, hi = float(dt.min()), float(dt.max())
         model.set_tensor_datatype(mt.inputs[0].name, smallest_int_type(min(lo, -hi), max(hi, -lo)))
-        rt, out_bias = flip_rows(real_thresholds_of(model, mt), flip, bias)
+        rt, out_bias = flip_rows(real_thresholds_of(model, mt), flip, match.out_bias)
         set_channel_axis(mt, 1)
         set_real_thresholds(mt, rt)
         materialize(model, mt)
@@ -112,8 +139,8 @@ class AbsorbChannelSignIntoMultiThreshold(Rule):
         mt.attributes["out_bias"] = ir.AttrFloat32("out_bias", float(out_bias))
         mt.attributes["out_dtype"] = ir.AttrString("out_dtype", out_dt.name)
         model.set_tensor_datatype(mt.outputs[0].name, out_dt)
-        absval = shaped_for_axis(np.array([abs(v) for v in vec], dtype=object), rank, 1)
-        node.replace_input_with(ci, model.add_initializer(to_float32(absval), prefix=f"{node.name}_abs"))
+        absval = shaped_for_axis(np.array([abs(v) for v in vec], dtype=object), match.rank, 1)
+        node.replace_input_with(match.const_index, model.add_initializer(to_float32(absval), prefix=f"{node.name}_abs"))
         set_exact(node, absval)
 
 
@@ -149,10 +176,10 @@ class ShiftSignedLevelsPastPaddedMaxPool(Rule):
         if scale != 1.0 or bias != round(bias):
             return self.miss(node, "the signed levels before the padded MaxPool need out_scale 1 and an integer "
                                    "out_bias to start at 0")
-        return node, mt, float(bias)
+        return SignedLevels(node, mt, float(bias))
 
-    def rewrite(self, model: Any, match: Any) -> None:
-        node, mt, bias = match
+    def rewrite(self, model: Any, match: SignedLevels) -> None:
+        node, mt, bias = match.node, match.mt, match.out_bias
         u = mt.outputs[0]
         n = const_array(mt.inputs[1]).shape[-1]
         mt.attributes["out_bias"] = ir.AttrFloat32("out_bias", 0.0)

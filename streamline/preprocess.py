@@ -31,7 +31,7 @@ from finnlite.core.errors import ConfigError, DataTypeError
 from finnlite.core.graphutil import is_standard_domain, rank_of, zero_padded
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
-from streamline.exact import channel_vector, exact_value, linear_input
+from streamline.exact import LinearInput, channel_vector, exact_value, linear_input
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model
@@ -190,6 +190,18 @@ def _thresholds_ahead(conv: ir.Node) -> bool:
     return False
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class PaddedConvBias:
+    """A bias Add (``add``; its constant per input channel, ``bias``) before a zero-padded ``conv`` with constant
+    ``weight``, whose input has the static ``shape``."""
+
+    conv: ir.Node
+    add: LinearInput
+    bias: np.ndarray
+    weight: np.ndarray
+    shape: tuple[int, ...]
+
+
 @register_pass(group="reorder")
 class MoveAddPastPaddedConv(Rule):
     """Conv(Add(x, b), W) with zero padding → Add(Conv(x, W), B), ``B[o, h, w] = Σ_{c, k inside} W[o, c, k]·b_c``.
@@ -211,7 +223,7 @@ class MoveAddPastPaddedConv(Rule):
         w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if lin is None or w is None or not zero_padded(node):
             return None
-        if integer_input_scale(model, lin[0].inputs[1 - lin[1]], single_use=False) is None:
+        if integer_input_scale(model, lin.data, single_use=False) is None:
             return None
         if _thresholds_ahead(node):
             return self.miss(node, "waiting for the thresholds after the Conv to take the border exactly "
@@ -220,17 +232,17 @@ class MoveAddPastPaddedConv(Rule):
         shape = model.get_tensor_shape(node.inputs[0].name)
         if rank is None or shape is None or any(d is None for d in shape) or node.outputs[0].shape is None:
             return self.miss(node, "unknown shapes")
-        vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1)
+        vec = channel_vector(lin.exact(), rank, 1)
         if vec is None:
             return self.miss(node, "the Add before the Conv varies along a spatial axis")
-        return node, lin, vec, w, shape
+        return PaddedConvBias(node, lin, vec, w, tuple(shape))
 
-    def rewrite(self, model: Any, match: Any) -> None:
-        node, (lin, ci, _), vec, w, shape = match
+    def rewrite(self, model: Any, match: PaddedConvBias) -> None:
+        node, lin, vec, w, shape = match.conv, match.add.node, match.bias, match.weight, match.shape
         b = np.broadcast_to(np.array([float(v) for v in vec], np.float64), (shape[1],))
         ones = np.ones([1, shape[1]] + list(shape[2:]), np.float64) * b.reshape([1, -1] + [1] * (len(shape) - 2))
         bias = _conv64(node, ones, w.astype(np.float64)).astype(np.float32)
-        node.replace_input_with(0, lin.inputs[1 - ci])
+        node.replace_input_with(0, match.add.data)
         model.remove_node(lin)
         y = node.outputs[0]
         out = model.make_value_like(y)

@@ -307,7 +307,7 @@ class RealThresholds:
             ratios = full._ratios()
             for c, m in zip(*np.nonzero(unsure)):
                 n, d = _ratio_of(full.base[c, m], ratios[c])
-                out[c, m] = _least_float(n, d, bool(full.strict[c, m]), ftype)
+                out[c, m] = least_float(n, d, bool(full.strict[c, m]), ftype)
         cache[ftype] = out.astype(ftype)
         return cache[ftype].copy()
 
@@ -376,7 +376,7 @@ def _ratio_of(base: float, ratio: tuple[int, int, int, int]) -> tuple[int, int]:
     return (bn * t - r * bd) * q, bd * t * p
 
 
-def _least_float(n: int, d: int, strict: bool, ftype: Any = np.float32) -> Any:
+def least_float(n: int, d: int, strict: bool, ftype: Any = np.float32) -> Any:
     """The least value of the float type ``ftype`` that is ``≥ n/d`` (``> n/d`` if strict; ``d > 0``), found
     exactly: Python's integer division rounds correctly, and each candidate is compared by cross-multiplying."""
     def passes(f: Any) -> bool:

@@ -9,6 +9,7 @@ attribute (before), which the NHWC conversion renumbers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,15 @@ def keepdims(node: ir.Node) -> bool:
     return True if k is None else bool(int(k.value))
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class AverageAsSum:
+    """An average (``node``) over ``axes`` of ``count`` integer elements."""
+
+    node: ir.Node
+    axes: list[int]
+    count: int
+
+
 @register_pass(group="reorder")
 class GlobalAverageToReduceSum(Rule):
     """GlobalAveragePool(x) / ReduceMean(x, A) → Mul(ReduceSum(x, A), 1/N) for an integer x.
@@ -84,10 +94,10 @@ class GlobalAverageToReduceSum(Rule):
         n = _count(node, axes)
         if n is None:
             return self.miss(node, "the reduced axes have unknown sizes")
-        return node, axes, n
+        return AverageAsSum(node, axes, n)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, axes, n = match
+    def rewrite(self, model: "Model", match: AverageAsSum) -> None:
+        node, axes, n = match.node, match.axes, match.count
         y = node.outputs[0]
         opset = model.graph.opset_imports.get("", 13)
         sums = model.make_value_like(y, f"{node.name}_sum")

@@ -11,6 +11,7 @@ under which it is exact.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from custom_ops.base import attrs_of
 from finnlite.core.graphutil import is_standard_domain, rank_of, zero_padded
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array, const_shape
-from streamline.exact import (channel_vector, const_operand, exact_value, linear_input, set_exact, shaped_for_axis,
+from streamline.exact import (LinearInput, channel_vector, const_operand, linear_input, set_exact, shaped_for_axis,
                               to_float32)
 from streamline.move import (MoveAddPastAveraging, MoveDataMovementPastElementwise, MoveLinearPastDataMovement,
                              MoveMulPastLinear)
@@ -31,17 +32,62 @@ if TYPE_CHECKING:
     from finnlite.core.model import Model
 
 
-def _move_after(model: Any, lin: ir.Node, ci: int, node: ir.Node, index: int,
-                new_exact: np.ndarray) -> ir.Node:
-    """Rewire input ``index`` of ``node`` to read the input of ``lin`` (which is removed) and put a new Mul/Add of
-    ``lin``'s kind with the exact constant ``new_exact`` after ``node``'s output. Returns the new node."""
-    node.replace_input_with(index, lin.inputs[1 - ci])
-    model.remove_node(lin)
+@dataclass(frozen=True, slots=True, eq=False)
+class BiasBeforeLinear:
+    """A bias Add (``add``) before a MatMul or Conv ``node``; ``bias``: its constant as one value per input channel
+    (or one for all); for a Conv, its ``weight`` and the input's ``rank``."""
+
+    node: ir.Node
+    add: LinearInput
+    bias: np.ndarray
+    weight: np.ndarray | None = None
+    rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ScaleBeforeRelu:
+    """A positive scale (``mul``, its exact constant ``scale``) before a ``relu``, directly or followed by a bias
+    ``add`` whose constant divided by the scale is ``shifted``."""
+
+    relu: ir.Node
+    mul: LinearInput
+    scale: np.ndarray
+    add: LinearInput | None = None
+    shifted: np.ndarray | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AtInput:
+    """A Mul/Add (``lin``) feeding input ``index`` of ``node``, moved past ``node`` with its constant as it is."""
+
+    node: ir.Node
+    index: int
+    lin: LinearInput
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ScalesAtJoin:
+    """Scales (Muls, ``left`` and ``right``; None: a branch without one, scale 1) on both inputs of an Add ``node``:
+    equal (``scale``; ``ratio`` None), or ``scale`` on the left and ``scale·ratio`` on the right."""
+
+    node: ir.Node
+    left: LinearInput | None
+    right: LinearInput | None
+    scale: Fraction | np.ndarray
+    ratio: Fraction | None = None
+
+
+def _move_after(model: Any, lin: LinearInput, node: ir.Node, index: int, new_exact: np.ndarray) -> ir.Node:
+    """Rewire input ``index`` of ``node`` to read the computed input of ``lin`` (whose node is removed) and put a new
+    Mul/Add of ``lin``'s kind with the exact constant ``new_exact`` after ``node``'s output. Returns the new node."""
+    old = lin.node
+    node.replace_input_with(index, lin.data)
+    model.remove_node(old)
     y = node.outputs[0]
     new_out = model.make_value_like(y)
     model.replace_uses(y, new_out)
-    k = model.add_initializer(to_float32(new_exact), prefix=f"{lin.name}_c")
-    new = ir.Node("", lin.op_type, [y, k], outputs=[new_out], name=lin.name)
+    k = model.add_initializer(to_float32(new_exact), prefix=f"{old.name}_c")
+    new = ir.Node("", old.op_type, [y, k], outputs=[new_out], name=old.name)
     set_exact(new, np.asarray(new_exact, dtype=object))
     model.graph.insert_after(node, new)
     return new
@@ -64,19 +110,19 @@ class MoveAddPastMatMul(Rule):
         if w_shape is None or len(w_shape) != 2:
             return None
         rank = rank_of(node.inputs[0], constants=False)
-        vec = channel_vector(exact_value(lin[0], lin[2]), rank, rank - 1) if rank else None
+        vec = channel_vector(lin.exact(), rank, rank - 1) if rank else None
         if vec is None:
             return self.miss(node, "the Add before the MatMul varies along a non-feature axis")
-        return node, lin, vec
+        return BiasBeforeLinear(node, lin, vec)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), vec = match
+    def rewrite(self, model: "Model", match: BiasBeforeLinear) -> None:
+        node, vec = match.node, match.bias
         w = const_array(node.inputs[1])
         k = w.shape[0]
         b = np.array([vec[0]] * k if len(vec) == 1 else list(vec), dtype=object)
         wf = fractions_of(w)
         bw = np.array([sum(b[i] * wf[i, n] for i in range(k)) for n in range(w.shape[1])], dtype=object)
-        _move_after(model, lin, ci, node, 0, bw.reshape(1, -1) if rank_of(node.outputs[0], constants=False) else bw)
+        _move_after(model, match.add, node, 0, bw.reshape(1, -1) if rank_of(node.outputs[0], constants=False) else bw)
 
 
 @register_pass(group="reorder")
@@ -96,13 +142,13 @@ class MoveAddPastConv(Rule):
         if zero_padded(node):
             return self.miss(node, "an Add cannot pass a padded Conv (the border would change)")
         rank = rank_of(node.inputs[0], constants=False)
-        vec = channel_vector(exact_value(lin[0], lin[2]), rank, 1) if rank else None
+        vec = channel_vector(lin.exact(), rank, 1) if rank else None
         if vec is None:
             return self.miss(node, "the Add before the Conv varies along a spatial axis")
-        return node, lin, vec, w, rank
+        return BiasBeforeLinear(node, lin, vec, w, rank)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), vec, w, rank = match
+    def rewrite(self, model: "Model", match: BiasBeforeLinear) -> None:
+        node, vec, w = match.node, match.bias, match.weight
         group = int(attrs_of(node).get("group", 1))
         out_ch, in_per_group = w.shape[0], w.shape[1]
         per_group_out = out_ch // group
@@ -111,7 +157,7 @@ class MoveAddPastConv(Rule):
         for o in range(out_ch):
             g = o // per_group_out
             c[o] = sum(wsum[o, i] * vec[0 if len(vec) == 1 else g * in_per_group + i] for i in range(in_per_group))
-        _move_after(model, lin, ci, node, 0, shaped_for_axis(c, rank, 1))
+        _move_after(model, match.add, node, 0, shaped_for_axis(c, match.rank, 1))
 
 
 @register_pass(group="reorder")
@@ -133,30 +179,31 @@ class MoveMulPastRelu(Rule):
         add = None
         if lin is None:
             add = linear_input(node, 0, ("Add",))
-            lin = linear_input(add[0], 1 - add[1], ("Mul",)) if add is not None else None
+            lin = linear_input(add.node, 1 - add.const_index, ("Mul",)) if add is not None else None
             uses = node.outputs[0].uses()
             if lin is None or uses and all(u.node.op_type == "MultiThreshold" for u in uses):
                 return None  # a quantizer reading the Relu absorbs the chain as it is
-        vec = exact_value(lin[0], lin[2])
+        vec = lin.exact()
         if any(v <= 0 for v in vec.ravel()):
             return self.miss(node, "a non-positive scale cannot pass Relu")
         if add is None:
-            return node, lin, vec, None
-        b = exact_value(add[0], add[2])
+            return ScaleBeforeRelu(node, lin, vec)
+        b = add.exact()
         try:
             shifted = np.asarray(b / vec, dtype=object)  # numpy broadcasting of the two exact constants
         except ValueError:
             return self.miss(node, "the Add's and the Mul's constants do not broadcast")
-        return node, lin, vec, (add, shifted)
+        return ScaleBeforeRelu(node, lin, vec, add, shifted)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, (lin, ci, _), vec, shift = match
-        if shift is None:
-            _move_after(model, lin, ci, node, 0, vec)
+    def rewrite(self, model: "Model", match: ScaleBeforeRelu) -> None:
+        node, vec, shifted = match.relu, match.scale, match.shifted
+        if match.add is None:
+            _move_after(model, match.mul, node, 0, vec)
             return
-        (add, _, _), shifted = shift  # Relu(Add(Mul(x, a), b)) → Relu(Add(x, b/a)), the Mul after the Relu
+        # Relu(Add(Mul(x, a), b)) → Relu(Add(x, b/a)), the Mul after the Relu
+        add, lin = match.add.node, match.mul.node
         k = model.add_initializer(to_float32(shifted), prefix=f"{add.name}_c")
-        new_add = ir.Node("", "Add", [lin.inputs[1 - ci], k], outputs=[model.make_value_like(add.outputs[0])],
+        new_add = ir.Node("", "Add", [match.mul.data, k], outputs=[model.make_value_like(add.outputs[0])],
                           name=add.name)
         set_exact(new_add, shifted)
         model.graph.insert_before(node, new_add)
@@ -229,56 +276,60 @@ class MoveLinearPastEltwiseAdd(Rule):
         if all(s is None for s in sides):
             return None
         for lin in sides:  # let CollapseRepeated* merge a chain of the same op first (Add after Mul is canonical)
-            if lin is not None and linear_input(lin[0], 1 - lin[1], (lin[0].op_type,)) is not None:
+            if lin is not None and linear_input(lin.node, 1 - lin.const_index, (lin.node.op_type,)) is not None:
                 return None
         for side, lin in enumerate(sides):
-            if lin is not None and lin[0].op_type == "Add":
-                return node, "add", side, lin
-        scales = [exact_value(lin[0], lin[2]) if lin is not None else np.array(Fraction(1), dtype=object)
-                  for lin in sides]
+            if lin is not None and lin.node.op_type == "Add":
+                return AtInput(node, side, lin)
+        scales = [lin.exact() if lin is not None else np.array(Fraction(1), dtype=object) for lin in sides]
         if all(s is not None for s in sides) and _equal(scales[0], scales[1]):
-            return node, "mul", sides[0], sides[1], scales[0]
+            return ScalesAtJoin(node, sides[0], sides[1], scales[0])
         a, b = scales
         if all(x.size == 1 and Fraction(x.ravel()[0]).denominator == 1 for x in (a, b)):
             return None  # integer factors on both branches: already integer arithmetic
         if a.size == 1 and b.size == 1 and a.ravel()[0] > 0 and b.ravel()[0] > 0:
             ratio = Fraction(b.ravel()[0]) / Fraction(a.ravel()[0])
             if ratio.numerator <= self.max_factor and ratio.denominator <= self.max_factor:
-                return node, "ratio", sides[0], sides[1], (a.ravel()[0], ratio)
+                return ScalesAtJoin(node, sides[0], sides[1], a.ravel()[0], ratio)
         return self.miss(node, "the branches' scales differ and their ratio is not a small fraction")
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, kind = match[0], match[1]
-        if kind == "mul":
-            _, _, (l, lci, _), (r, rci, _), a = match
-            node.replace_input_with(1, r.inputs[1 - rci])
-            model.remove_node(r)
-            _move_after(model, l, lci, node, 0, a)
-        elif kind == "ratio":
-            _, _, left, right, (s1, ratio) = match
-            q, p = ratio.denominator, ratio.numerator
-            for idx, (lin, factor) in enumerate(((left, q), (right, p))):
-                src = lin[0].inputs[1 - lin[1]] if lin is not None else node.inputs[idx]
-                if factor == 1:
-                    node.replace_input_with(idx, src)
-                else:
-                    k = model.add_initializer(np.array(float(factor), np.float32), prefix=f"{node.name}_int")
-                    mul = ir.Node("", "Mul", [src, k], outputs=[model.make_value_like(src)],
-                                  name=f"{node.name}_int{idx}")
-                    model.graph.insert_before(node, mul)
-                    node.replace_input_with(idx, mul.outputs[0])
-                if lin is not None:
-                    model.remove_node(lin[0])
-            y = node.outputs[0]
-            out = model.make_value_like(y)
-            model.replace_uses(y, out)
-            k = model.add_initializer(to_float32(np.array(s1 / q, dtype=object)), prefix=f"{node.name}_s")
-            new = ir.Node("", "Mul", [y, k], outputs=[out], name=f"{node.name}_scale")
-            model.graph.insert_after(node, new)
-            set_exact(new, np.array(s1 / q, dtype=object))
+    def rewrite(self, model: "Model", match: AtInput | ScalesAtJoin) -> None:
+        if isinstance(match, AtInput):
+            _move_after(model, match.lin, match.node, match.index, match.lin.exact())
+        elif match.ratio is None:
+            node = match.node
+            assert match.left is not None and match.right is not None
+            node.replace_input_with(1, match.right.data)
+            model.remove_node(match.right.node)
+            _move_after(model, match.left, node, 0, match.scale)
         else:
-            _, _, side, (lin, ci, val) = match
-            _move_after(model, lin, ci, node, side, exact_value(lin, val))
+            self._integer_multipliers(model, match)
+
+    @staticmethod
+    def _integer_multipliers(model: "Model", match: ScalesAtJoin) -> None:
+        """s1·x + s2·y with s2/s1 = p/q → Mul(Add(q·x, p·y), s1/q), the integer factors as Mul nodes."""
+        node, ratio = match.node, match.ratio
+        assert ratio is not None
+        q, p = ratio.denominator, ratio.numerator
+        for idx, (lin, factor) in enumerate(((match.left, q), (match.right, p))):
+            src = lin.data if lin is not None else node.inputs[idx]
+            if factor == 1:
+                node.replace_input_with(idx, src)
+            else:
+                k = model.add_initializer(np.array(float(factor), np.float32), prefix=f"{node.name}_int")
+                mul = ir.Node("", "Mul", [src, k], outputs=[model.make_value_like(src)], name=f"{node.name}_int{idx}")
+                model.graph.insert_before(node, mul)
+                node.replace_input_with(idx, mul.outputs[0])
+            if lin is not None:
+                model.remove_node(lin.node)
+        y = node.outputs[0]
+        out = model.make_value_like(y)
+        model.replace_uses(y, out)
+        scale = np.array(match.scale / q, dtype=object)
+        k = model.add_initializer(to_float32(scale), prefix=f"{node.name}_s")
+        new = ir.Node("", "Mul", [y, k], outputs=[out], name=f"{node.name}_scale")
+        model.graph.insert_after(node, new)
+        set_exact(new, scale)
 
 
 @register_pass(group="reorder")
@@ -301,12 +352,11 @@ class MoveMulPastEltwiseMul(Rule):
         for side in (0, 1):
             lin = linear_input(node, side, ("Mul",))
             if lin is not None:
-                return node, side, lin
+                return AtInput(node, side, lin)
         return None
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, side, (lin, ci, val) = match
-        _move_after(model, lin, ci, node, side, exact_value(lin, val))
+    def rewrite(self, model: "Model", match: AtInput) -> None:
+        _move_after(model, match.lin, match.node, match.index, match.lin.exact())
 
 
 #: The reorder rules, in the order a round applies them (with the table-driven ones of streamline.move).

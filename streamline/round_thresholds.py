@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,6 +34,15 @@ def integer_thresholds(node: ir.Node, t: np.ndarray, dt: BaseDataType) -> np.nda
     if not np.array_equal(out.astype(np.float32).astype(np.float64), out):
         raise ThresholdPrecisionError("an integer threshold is not a float32 number")
     return out
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RoundedThresholds:
+    """A MultiThreshold (``node``) on an integer input, its integer ``thresholds`` and their datatype ``dt``."""
+
+    node: ir.Node
+    thresholds: np.ndarray
+    dt: Any
 
 
 @register_pass(group="lower")
@@ -70,10 +80,10 @@ class RoundAndClipThresholds(Rule):
         if new_t.shape == t.shape and np.array_equal(new_t, t):
             model.set_tensor_datatype(node.inputs[1].name, tdt)  # annotation only: not a rewrite
             return None
-        return node, new_t.astype(np.float32), tdt
+        return RoundedThresholds(node, new_t.astype(np.float32), tdt)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, new_t, tdt = match
+    def rewrite(self, model: "Model", match: RoundedThresholds) -> None:
+        node, new_t, tdt = match.node, match.thresholds, match.dt
         t_val = add_constant(model, new_t, f"{node.name or 'MultiThreshold'}_thresholds", tdt)
         old = node.inputs[1]
         node.replace_input_with(1, t_val)

@@ -9,6 +9,7 @@ arithmetic.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -215,6 +216,17 @@ class SubToAdd(Rule):
         model.remove_node(node)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class TransposedQuantWeight:
+    """A Transpose (``node``, permutation ``perm``) of the output of weight quantizer ``quant`` whose inputs are the
+    constants ``params`` (the weight first)."""
+
+    node: ir.Node
+    quant: ir.Node
+    params: tuple[np.ndarray, ...]
+    perm: list[int]
+
+
 @register_pass(group="tidy")
 class FoldTransposeIntoQuantInit(Rule):
     """Transpose(Quant(W, s, z, b), perm) → Quant(Wᵀ, sᵀ, zᵀ, b) for a weight quantizer (qonnx's name).
@@ -243,10 +255,10 @@ class FoldTransposeIntoQuantInit(Rule):
         perm = list(perm_attr.value) if perm_attr is not None else list(reversed(range(rank)))
         if sorted(perm) != list(range(rank)) or any(p.ndim > rank for p in params[1:]):
             return self.miss(node, "perm or parameter ranks do not fit the weight")
-        return node, q, params, perm
+        return TransposedQuantWeight(node, q, tuple(params), perm)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, q, params, perm = match
+    def rewrite(self, model: "Model", match: TransposedQuantWeight) -> None:
+        node, q, params, perm = match.node, match.quant, match.params, match.perm
         rank = len(perm)
         inputs = [model.add_initializer(np.transpose(params[0], perm).copy(), prefix=f"{q.inputs[0].name}_T")]
         for i, (v, p) in enumerate(zip(q.inputs[1:], params[1:]), start=1):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,6 +45,16 @@ def strictly_increasing(chain: list[tuple[str, np.ndarray]], lo: int, hi: int) -
     return bool(np.all(np.diff(y.astype(np.float64)) > 0))
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class ChainBeforeTopK:
+    """A TopK (``node``) reading a strictly increasing ``chain`` of scalar Muls and Adds (nearest first) of the
+    integer tensor ``x``."""
+
+    node: ir.Node
+    x: ir.Value
+    chain: list[ir.Node]
+
+
 @register_pass(group="lower")
 class AbsorbScalarMulAddIntoTopK(Rule):
     """x → Mul(a) / Add(b) ... → TopK   ⇒   x → TopK, for the indices.
@@ -83,10 +94,10 @@ class AbsorbScalarMulAddIntoTopK(Rule):
             return self.miss(node, "the input of the Mul/Add chain is not an integer tensor")
         if not strictly_increasing(ops[::-1], int(dt.min()), int(dt.max())):
             return self.miss(node, f"the chain is not provably strictly increasing on {dt.name}")
-        return node, x, chain
+        return ChainBeforeTopK(node, x, chain)
 
-    def rewrite(self, model: "Model", match: Any) -> None:
-        node, x, chain = match
+    def rewrite(self, model: "Model", match: ChainBeforeTopK) -> None:
+        node, x, chain = match.node, match.x, match.chain
         node.replace_input_with(0, x)
         for n in chain:
             consts = [v for v in n.inputs if v is not None and v.is_initializer()]

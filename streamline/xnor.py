@@ -26,7 +26,7 @@ _MOVE_OPS = ("Transpose", "Reshape", "Flatten", "Identity", "Squeeze", "Unsqueez
 _MOVE_CUSTOM = ("Im2Col", "MaxPoolNHWC")
 
 
-@dataclass
+@dataclass(frozen=True, slots=True, eq=False)
 class _XnorMatch:
     matmul: ir.Node
     weight: np.ndarray

@@ -3,14 +3,13 @@ first rewrite, that breaks equivalence.
 
 The pipeline is replayed on a copy of the model with a :class:`~verify.hook.VerificationHook`, which stops at the
 first pass whose result does not match its input on the reference data. If that pass is a
-:class:`~finnlite.core.passes.Rule`, it is re-applied to the model as it was before the pass with ``max_rewrites = k``,
+:class:`~finnlite.core.passes.Rule`, it is re-applied to the model as it was before the pass with at most ``k`` rewrites,
 and the least ``k`` whose result fails the same check (found by binary search) is the first bad rewrite; the
-rule's ``on_rewrite`` callback names the nodes it matched. The command line is ``finnlite bisect``.
+matches in the rule's :class:`~finnlite.core.passes.PassResult` name the nodes it matched. The command line is ``finnlite bisect``.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -61,14 +60,9 @@ class BisectResult:
         return "\n".join(lines)
 
 
-def _trial(rule: Rule, before: Model, k: int) -> tuple[Model, list[Any]]:
+def _trial(rule: Rule, before: Model, k: int, declined: frozenset[str]) -> tuple[Model, list[Any]]:
     trial = Model(before.ir.clone(), check=False)
-    q = copy.copy(rule)
-    q.max_rewrites = k
-    matches: list[Any] = []
-    q.on_rewrite = lambda _r, _m, match: matches.append(match)
-    q.apply(trial)
-    return trial, matches
+    return trial, list(rule.run(trial, declined, max_rewrites=k, keep_matches=True).matches)
 
 
 def bisect_pipeline(model: Any, stages: Sequence[Stage], reference: ReferenceData | None = None, *,
@@ -90,7 +84,8 @@ def bisect_pipeline(model: Any, stages: Sequence[Stage], reference: ReferenceDat
         p = _failing_pass(p, stage, err)
         if isinstance(p, Rule):
             record = _failing_record(manager.report.records, err)
-            _bisect_rule(p, resolve_policy(p, stage, policy), hook, getattr(record, "rewrites", None), result)
+            _bisect_rule(p, resolve_policy(p, stage, policy), hook, getattr(record, "rewrites", None), result,
+                         manager.declined_anchors(p) or frozenset())
         return result
     return BisectResult(True)
 
@@ -116,18 +111,19 @@ def _failing_record(records: Sequence[PassRecord], err: PassVerificationError) -
     return None
 
 
-def _bisect_rule(rule: Rule, policy: Policy, hook: VerificationHook, total: int | None, result: BisectResult) -> None:
+def _bisect_rule(rule: Rule, policy: Policy, hook: VerificationHook, total: int | None, result: BisectResult,
+                 declined: frozenset[str] = frozenset()) -> None:
     verifier = hook.verifier
     assert verifier is not None
     before = verifier.snapshot.model
     if not total:
-        _, matches = _trial(rule, before, 10**9)
+        _, matches = _trial(rule, before, 10**9, declined)
         total = len(matches)
     cache: dict[int, tuple[CheckOutcome, list[Any]]] = {}
 
     def fails(k: int) -> bool:
         if k not in cache:
-            trial, matches = _trial(rule, before, k)
+            trial, matches = _trial(rule, before, k, declined)
             cache[k] = (verifier.check(trial, policy), matches)
         return not cache[k][0].ok
 

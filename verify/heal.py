@@ -2,7 +2,7 @@
 
 When a per-pass check fails (:mod:`verify.hook`), the model before the pass is still at hand (the verifier's
 snapshot). For a :class:`~finnlite.core.passes.Rule`, :func:`decline_bad_rewrites` re-applies the rule to a copy of
-it with ``max_rewrites = k`` and finds the least ``k`` whose result fails the same check (binary search, as
+it with at most ``k`` rewrites (:meth:`~finnlite.core.passes.Rule.run`) and finds the least ``k`` whose result fails the same check (binary search, as
 :mod:`verify.bisect` does): rewrite ``k`` is the bad one. Its anchor (the node the rule visited,
 :func:`finnlite.core.passes.anchor_of`) is declined, the rule is applied again in full with that anchor declined,
 and the result is checked; if another rewrite fails too, the search repeats (at most :data:`MAX_DECLINED` times per
@@ -16,7 +16,6 @@ What was declined is kept as :class:`DeclinedRewrite` records: the report lists 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -62,16 +61,20 @@ class DeclinedRewrite:
         return dataclasses.asdict(self)
 
 
+def _is_record(x: Any) -> bool:
+    return dataclasses.is_dataclass(x) and not isinstance(x, type)
+
+
 def describe_match(match: Any) -> str:
     """The nodes a rule's match names, for people."""
     if isinstance(match, ir.Node):
         return f"{match.op_type} '{node_label(match)}'"
-    if dataclasses.is_dataclass(match) and not isinstance(match, type):  # a rule's match record: its fields
+    if _is_record(match):  # a rule's match record: its fields
         match = [getattr(match, f.name) for f in dataclasses.fields(match)]
     if isinstance(match, dict):
         match = list(match.values())
     if isinstance(match, (list, tuple)):
-        parts = [describe_match(x) for x in match if isinstance(x, (ir.Node, list, tuple, dict))]
+        parts = [describe_match(x) for x in match if isinstance(x, (ir.Node, list, tuple, dict)) or _is_record(x)]
         if parts:
             return ", ".join(parts)
     return repr(match)[:120]
@@ -82,12 +85,8 @@ def apply_rule(rule: Rule, before: Model, k: int | None, declined: frozenset[str
     """A copy of ``before`` with ``rule`` applied (at most ``k`` rewrites, none at a ``declined`` anchor); the matches
     and anchors of its rewrites. ``before`` is not changed."""
     trial = clone_model(before)
-    q = copy.copy(rule)
-    q.max_rewrites, q.declined = k, frozenset(declined)
-    matches: list[Any] = []
-    q.on_rewrite = lambda _r, _m, match: matches.append(match)
-    q.apply(trial)
-    return trial, matches, list(q.anchors)
+    result = rule.run(trial, frozenset(declined), max_rewrites=k, keep_matches=True)
+    return trial, list(result.matches), list(result.anchors)
 
 
 @dataclass
@@ -101,11 +100,11 @@ class HealResult:
 
 
 def decline_bad_rewrites(rule: Rule, before: Model, check: Callable[[Model], Any],
-                         limit: int = MAX_DECLINED) -> HealResult | None:
-    """``rule`` applied to a copy of ``before`` without the rewrites that fail ``check`` (module docstring). None if
-    that cannot be done: the rule rewrites nothing and the check still fails (the fault is not this rule's), or more
-    than ``limit`` rewrites would have to be declined."""
-    declined = set(getattr(rule, "declined", ()) or ())
+                         limit: int = MAX_DECLINED, declined: frozenset[str] = frozenset()) -> HealResult | None:
+    """``rule`` applied to a copy of ``before`` without the rewrites that fail ``check`` (module docstring), nor at
+    the anchors ``declined`` before. None if that cannot be done: the rule rewrites nothing and the check still
+    fails (the fault is not this rule's), or more than ``limit`` rewrites would have to be declined."""
+    declined = set(declined)
     found: list[tuple[str, str, Any]] = []
     for _ in range(limit + 1):
         full, matches, anchors = apply_rule(rule, before, None, declined)

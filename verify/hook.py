@@ -281,7 +281,8 @@ class VerificationHook:
         assert v is not None
         before = v.snapshot.model
         if isinstance(p, Rule):
-            result = decline_bad_rewrites(p, before, lambda m: self._outcome(m, policy))
+            declined = frozenset(a for name, a in self.declined_keys if name == p.name)
+            result = decline_bad_rewrites(p, before, lambda m: self._outcome(m, policy), declined=declined)
             if result is None:
                 return False
             version = result.model
@@ -381,9 +382,10 @@ class VerificationHook:
         assert self.verifier is not None
         base = clone_model(self.verifier.snapshot.model)
         for p, pol, iteration in runs:
-            if self.manager is not None and not self.manager.prepare(p):
+            declined = self.manager.declined_anchors(p) if self.manager is not None else frozenset()
+            if declined is None:
                 continue
-            p.apply(base)
+            p.run(base, declined)
             self.verify(base, pol, label=f"pass '{p.name}'", pass_name=p.name, stage=stage, iteration=iteration,
                         pass_obj=p)
         return base if self.heal else None

@@ -1,8 +1,9 @@
 """Passes: base classes, an explicit registry, and the pass manager.
 
-* :class:`Transformation` edits a model in place and says whether it changed anything; :class:`Rule` is a local
-  rewrite (match a node, check conditions, rewrite) whose ``apply`` walks the graph once; :class:`AnalysisPass`
-  only reads.
+* :class:`Transformation` edits a model in place; ``run`` returns a :class:`PassResult` (whether it changed
+  anything, and for a rule its rewrites and misses), ``apply`` just whether it changed anything. :class:`Rule` is
+  a local rewrite (match a node, check conditions, rewrite) whose ``run`` walks the graph once; a match with more
+  than two parts is a small named record (a frozen dataclass). :class:`AnalysisPass` only reads.
 * The registry (:mod:`finnlite.core.registry`) maps a pass name to its class; its functions are re-exported here.
 * :class:`PassManager` runs ordered :class:`Stage` objects. A fixpoint stage repeats its passes until one full
   round changes nothing. Termination is guaranteed by cycle detection (a fingerprint of the graph after each round:
@@ -11,8 +12,8 @@
   manager's :class:`RunReport`, which stays readable when a run fails; hooks (:class:`Hook`: the verifier, a progress
   display) are called around each stage and pass.
 * Rewrites *declined by verification* (:attr:`PassManager.declined`: ``(pass name, anchor)`` pairs, see
-  :func:`anchor_of`) are not performed again: :meth:`Rule.apply` skips a declined anchor (recording a
-  :class:`Miss`), and a pass declined as a whole (anchor ``"*"``) is not run again. The verifier's hook adds to the
+  :func:`anchor_of`) are not performed again: the manager hands a rule's declined anchors to :meth:`Rule.run`,
+  which skips them (recording a :class:`Miss`), and does not run again a pass declined as a whole (anchor ``"*"``). The verifier's hook adds to the
   set when it undoes a rewrite that broke equivalence (:mod:`verify.hook`).
 """
 
@@ -56,11 +57,42 @@ class Pass:
         return doc.splitlines()[0] if doc else ""
 
 
+@dataclass
+class Miss:
+    """Why a rule did not apply at a node: the condition that failed. Collected for the integer-only report."""
+
+    rule: str
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """What one run of a pass did: whether it ``changed`` the model; ``rewrites``: how many rewrites it performed
+    (None: a pass that does not count them); ``misses``: the conditions that failed where it did not apply; for a
+    :class:`Rule`, per rewrite in order, its anchor (:func:`anchor_of`) and, when asked for, its match (``anchors``,
+    ``matches``: what bisection and healing replay)."""
+
+    changed: bool
+    rewrites: int | None = None
+    misses: tuple[Miss, ...] = ()
+    anchors: tuple[str, ...] = ()
+    matches: tuple[Any, ...] = ()
+
+
 class Transformation(Pass):
-    """A pass that edits the model in place. ``apply`` returns True if it changed anything."""
+    """A pass that edits the model in place. A subclass implements ``apply`` (True if it changed anything) or, to
+    report more than that, ``run`` (a :class:`PassResult`); the other one follows from it."""
 
     def apply(self, model: "Model") -> bool:
-        raise PassError(f"{self.name} does not implement apply()")
+        if type(self).run is Transformation.run:
+            raise PassError(f"{self.name} does not implement apply()")
+        return self.run(model).changed
+
+    def run(self, model: "Model", declined: frozenset[str] = frozenset()) -> PassResult:
+        """Run on ``model`` in place and say what was done. ``declined``: the anchors (:func:`anchor_of`) where a
+        :class:`Rule` must not rewrite; any other pass is declined only as a whole, by not being run."""
+        return PassResult(bool(self.apply(model)))
 
 
 class AnalysisPass(Pass):
@@ -72,21 +104,12 @@ class AnalysisPass(Pass):
         raise PassError(f"{self.name} does not implement analyze()")
 
 
-@dataclass
-class Miss:
-    """Why a rule did not apply at a node: the condition that failed. Collected for the integer-only report."""
-
-    rule: str
-    node: str
-    reason: str
-
-
 #: the anchor of a pass declined as a whole (a transformation that is not a :class:`Rule`)
 WHOLE_PASS = "*"
 
 
 def anchor_of(node: "ir.Node") -> str:
-    """The name by which a rewrite anchored at ``node`` (the node :meth:`Rule.apply` visited) is declined: the
+    """The name by which a rewrite anchored at ``node`` (the node :meth:`Rule.run` visited) is declined: the
     node's name, or its first output's name when it has none (output names are unique in a graph)."""
     if node.name:
         return node.name
@@ -94,26 +117,21 @@ def anchor_of(node: "ir.Node") -> str:
 
 
 class Rule(Transformation):
-    """A local rewrite: ``match(model, node)`` returns a match (any truthy object) or a :class:`Miss`/None, and
-    ``rewrite(model, match)`` performs the edit. ``apply`` visits every node once in graph order, skipping nodes
-    removed by earlier rewrites of the same round; initializers the visited node read that a rewrite leaves unused
-    are removed at once (as the next cleanup would).
+    """A local rewrite: ``match(model, node)`` returns a match (any truthy object: the node, a pair, or a small
+    frozen dataclass naming the parts) or a :class:`Miss`/None, and ``rewrite(model, match)`` performs the edit.
+    ``run`` visits every node once in graph order, skipping nodes removed by earlier rewrites of the same run;
+    initializers the visited node read that a rewrite leaves unused are removed at once (as the next cleanup would).
+    It returns a :class:`PassResult` with the number of rewrites, the misses (:meth:`miss`), and each rewrite's
+    anchor (and match, with ``keep_matches``: matches can hold weights that a rewrite replaced).
 
-    ``max_rewrites`` limits how many rewrites one ``apply`` performs (used by bisection to find the first bad
-    rewrite); ``rewrites`` counts them, ``misses`` records failed conditions of the last ``apply``; ``anchors`` the
-    anchor (:func:`anchor_of`) of each rewrite of the last ``apply``, in order; ``on_rewrite``, if set, is called
-    after each rewrite with (rule, model, match). ``declined``: anchors where the rule must not rewrite (set by the
-    pass manager from the rewrites verification declined); a match there is recorded as a miss."""
+    ``max_rewrites`` limits how many rewrites one run performs (bisection and healing pass their own limit to
+    :meth:`run` to find the first bad rewrite). A match at a ``declined`` anchor is recorded as a miss instead."""
 
     op_types: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, max_rewrites: int | None = None) -> None:
         self.max_rewrites = max_rewrites
-        self.rewrites = 0
-        self.misses: list[Miss] = []
-        self.anchors: list[str] = []
-        self.declined: set[str] | frozenset[str] = frozenset()
-        self.on_rewrite: Callable[["Rule", "Model", Any], None] | None = None
+        self._misses: list[Miss] = []  # the misses of the run in progress (see miss)
 
     def match(self, model: "Model", node: "ir.Node") -> Any:
         raise PassError(f"{self.name} does not implement match()")
@@ -122,18 +140,22 @@ class Rule(Transformation):
         raise PassError(f"{self.name} does not implement rewrite()")
 
     def miss(self, node: "ir.Node", reason: str) -> Miss:
-        """Record that the rule did not apply at ``node`` because of ``reason``; returns the :class:`Miss`."""
+        """Record that the rule did not apply at ``node`` because of ``reason`` (a miss of the run in progress);
+        returns the :class:`Miss`."""
         m = Miss(self.name, node.name or node.op_type, reason)
-        self.misses.append(m)
+        self._misses.append(m)
         return m
 
-    def apply(self, model: "Model") -> bool:
-        self.rewrites = 0
-        self.misses = []
-        self.anchors = []
-        declined = getattr(self, "declined", None) or ()
+    def run(self, model: "Model", declined: frozenset[str] = frozenset(), max_rewrites: int | None = None,
+            keep_matches: bool = False) -> PassResult:
+        """Match and rewrite at every node of ``model`` once (class docstring); ``max_rewrites``: this run's limit
+        (default: the rule's own)."""
+        limit = self.max_rewrites if max_rewrites is None else max_rewrites
+        self._misses = misses = []
+        anchors: list[str] = []
+        matches: list[Any] = []
         for node in list(model.graph):
-            if self.max_rewrites is not None and self.rewrites >= self.max_rewrites:
+            if limit is not None and len(anchors) >= limit:
                 break
             if node.graph is not model.graph:
                 continue
@@ -148,13 +170,12 @@ class Rule(Transformation):
                 continue
             consts = [v for v in node.inputs if v is not None and v.is_initializer()]
             self.rewrite(model, m)
-            self.rewrites += 1
-            self.anchors.append(anchor)
+            anchors.append(anchor)
+            if keep_matches:
+                matches.append(m)
             model.drop_if_unused(*consts)
             consts.clear()  # no reference to a dropped weight is left while the next node is matched
-            if self.on_rewrite is not None:
-                self.on_rewrite(self, model, m)
-        return self.rewrites > 0
+        return PassResult(bool(anchors), len(anchors), tuple(misses), tuple(anchors), tuple(matches))
 
 
 def instantiate(p: Pass | type[Pass] | str) -> Pass:
@@ -287,14 +308,12 @@ class PassManager:
         self.current: tuple[Pass, Stage] | None = None
         self.declined: set[tuple[str, str]] = declined if declined is not None else set()
 
-    def prepare(self, p: Pass) -> bool:
-        """Tell ``p`` which of its rewrites are declined (a :class:`Rule`'s ``declined`` anchors); False if the
-        whole pass is declined (then it is not run)."""
+    def declined_anchors(self, p: Pass) -> frozenset[str] | None:
+        """The anchors where ``p`` must not rewrite (what verification declined, for :meth:`Transformation.run`);
+        None if the whole pass is declined (then it is not run)."""
         if (p.name, WHOLE_PASS) in self.declined:
-            return False
-        if isinstance(p, Rule):
-            p.declined = frozenset(a for name, a in self.declined if name == p.name)
-        return True
+            return None
+        return frozenset(a for name, a in self.declined if name == p.name)
 
     def _call(self, method: str, *args: Any) -> None:
         for hook in self.hooks:
@@ -302,50 +321,69 @@ class PassManager:
             if fn is not None:
                 fn(*args)
 
-    def _run_one(self, p: Pass, model: "Model", stage: Stage, iteration: int, report: RunReport) -> bool:
-        if not self.prepare(p):
-            return False
+    def _run_one(self, p: Pass, model: "Model", stage: Stage, iteration: int,
+                 report: RunReport) -> PassResult | None:
+        """Run ``p`` once and record it; None if it is declined as a whole."""
+        declined = self.declined_anchors(p)
+        if declined is None:
+            return None
         self.current = (p, stage)
         self._call("before_pass", p, model, stage)
         n0 = len(model)
         t0 = time.perf_counter()
-        changed = bool(p.apply(model))
-        rec = PassRecord(stage.name, p.name, iteration, time.perf_counter() - t0, changed, n0, len(model),
-                         getattr(p, "rewrites", None))
+        result = p.run(model, declined)
+        rec = PassRecord(stage.name, p.name, iteration, time.perf_counter() - t0, result.changed, n0, len(model),
+                         result.rewrites)
         report.records.append(rec)
         self._call("after_pass", p, model, stage, rec)
-        return changed
+        return result
 
     def run_stage(self, stage: Stage, model: "Model", report: RunReport) -> None:
-        """Run one stage (to a fixpoint if it is one)."""
+        """Run one stage (to a fixpoint if it is one). The misses of each pass's last run go to the report."""
         passes = [instantiate(p) for p in stage.passes]
+        last_misses: list[tuple[Miss, ...]] = [()] * len(passes)
+
+        def one_round(iteration: int) -> list[str]:
+            changers = []
+            for i, p in enumerate(passes):
+                result = self._run_one(p, model, stage, iteration, report)
+                if result is not None:
+                    last_misses[i] = result.misses
+                    if result.changed:
+                        changers.append(p.name)
+            return changers
+
         self._call("before_stage", stage, model)
         t0 = time.perf_counter()
-        if not stage.fixpoint:
-            for p in passes:
-                self._run_one(p, model, stage, 0, report)
+        if stage.fixpoint:
+            self._fixpoint(stage, model, one_round)
         else:
-            seen: dict[str, int] = {fingerprint(model): 0}
-            changers_by_round: list[list[str]] = []
-            for iteration in range(1, stage.max_iterations + 1):
-                changers = [p.name for p in passes if self._run_one(p, model, stage, iteration, report)]
-                if not changers:
-                    break
-                changers_by_round.append(changers)
-                fp = fingerprint(model)
-                if fp in seen:
-                    names = sorted({n for r in changers_by_round[seen[fp]:] for n in r})
-                    raise FixpointError(f"stage '{stage.name}' oscillates: round {iteration} returned the graph of "
-                                        f"round {seen[fp]}; passes involved: {', '.join(names)}")
-                seen[fp] = iteration
-            else:
-                names = sorted({n for r in changers_by_round[-3:] for n in r})
-                raise FixpointError(f"stage '{stage.name}' did not converge in {stage.max_iterations} rounds; "
-                                    f"passes still changing the graph: {', '.join(names)}")
-        for p in passes:
-            report.misses.extend(getattr(p, "misses", []))
+            one_round(0)
+        for misses in last_misses:
+            report.misses.extend(misses)
         report.stage_seconds[stage.name] = report.stage_seconds.get(stage.name, 0.0) + time.perf_counter() - t0
         self._call("after_stage", stage, model)
+
+    @staticmethod
+    def _fixpoint(stage: Stage, model: "Model", one_round: Callable[[int], list[str]]) -> None:
+        """Repeat ``one_round`` (which returns the names of the passes that changed the graph) until a round
+        changes nothing; raise :class:`FixpointError` on a repeated graph or after ``stage.max_iterations``."""
+        seen: dict[str, int] = {fingerprint(model): 0}
+        changers_by_round: list[list[str]] = []
+        for iteration in range(1, stage.max_iterations + 1):
+            changers = one_round(iteration)
+            if not changers:
+                return
+            changers_by_round.append(changers)
+            fp = fingerprint(model)
+            if fp in seen:
+                names = sorted({n for r in changers_by_round[seen[fp]:] for n in r})
+                raise FixpointError(f"stage '{stage.name}' oscillates: round {iteration} returned the graph of "
+                                    f"round {seen[fp]}; passes involved: {', '.join(names)}")
+            seen[fp] = iteration
+        names = sorted({n for r in changers_by_round[-3:] for n in r})
+        raise FixpointError(f"stage '{stage.name}' did not converge in {stage.max_iterations} rounds; "
+                            f"passes still changing the graph: {', '.join(names)}")
 
     def run(self, model: "Model") -> RunReport:
         """Run every stage in order on ``model`` (in place) and return the record of what happened (also kept in

@@ -48,7 +48,8 @@ def test_rule_and_manager_reach_fixpoint():
 def test_max_rewrites_limits_a_rule():
     m = Model(add_chain(5))
     rule = FoldAddChain(max_rewrites=1)
-    assert rule.apply(m) and rule.rewrites == 1 and len(m) == 4
+    result = rule.run(m)
+    assert result.changed and result.rewrites == 1 and len(m) == 4
 
 
 class Flip(Transformation):

@@ -69,8 +69,9 @@ def test_decreasing_activation_is_left_alone():
     model = Model(proto)
     set_real_thresholds(model.get_nodes_by_op_type("MultiThreshold")[0], rt)
     rule = AbsorbMonotoneIntoMultiThreshold()
-    assert not rule.apply(model)
-    assert [x.reason for x in rule.misses] == ["LeakyRelu with a non-positive slope is not increasing"]
+    result = rule.run(model)
+    assert not result.changed
+    assert [x.reason for x in result.misses] == ["LeakyRelu with a non-positive slope is not increasing"]
 
 
 @pytest.mark.parametrize("lo,hi", [(0.0, 6.0), (-1.0, 1.0), (None, 0.5)])

@@ -45,7 +45,8 @@ def test_stays_where_the_constant_does_not_follow_the_last_axis_or_the_layout_op
              helper.make_node("Mul", ["f", "a"], ["y"], name="mul")]
     proto = graph_model(nodes, {"x": [1, 2, 1, 3]}, {"y": [1, 6]}, {"a": np.arange(6, dtype=np.float32)})
     rule = MoveOutputScaleBeforeLayout()
-    assert not rule.apply(Model(proto)) and rule.misses
+    result = rule.run(Model(proto))
+    assert not result.changed and result.misses
     nodes = [helper.make_node("Flatten", ["x"], ["f"], axis=1, name="flat"),
              helper.make_node("Mul", ["f", "a"], ["y"], name="mul"),
              helper.make_node("Relu", ["f"], ["z"], name="other")]

@@ -136,7 +136,8 @@ def test_affine_chain_with_a_negative_scale_stays_and_a_quantizer_absorbs_it_as_
     proto = graph_model(nodes, {"x": [1, 2, 2, 2]}, {"y": [1, 2, 2, 2]}, {"a": a, "b": np.float32(0.5)})
     rule = MoveMulPastRelu()
     m = Model(proto)
-    assert not rule.apply(m) and any("non-positive" in x.reason for x in rule.misses)
+    result = rule.run(m)
+    assert not result.changed and any("non-positive" in x.reason for x in result.misses)
 
 
 @pytest.mark.parametrize("ratio", [1, 2, 0.25])

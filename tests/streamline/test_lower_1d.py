@@ -98,5 +98,6 @@ def test_a_3d_matmul_keeps_the_graph_as_it_is():
     m = Model(proto)
     m.infer_shapes()
     rule = Change3DTo4DTensors()
-    assert not rule.apply(m)
-    assert [x.reason for x in rule.misses] == ["MatMul has no 4-D form here"]
+    result = rule.run(m)
+    assert not result.changed
+    assert [x.reason for x in result.misses] == ["MatMul has no 4-D form here"]

@@ -90,13 +90,15 @@ def test_xnor_misses_padding_and_forks():
     ConvertToNHWC().apply(model)
     InferDataTypes().apply(model)
     rule = ConvertBipolarMatMulToXnorPopcount()
-    assert not rule.apply(model)
+    result = rule.run(model)
+    assert not result.changed
     assert "XnorPopcountMatMul" not in op_types(model)
-    assert "other consumers" in " ".join(m.reason for m in rule.misses)
+    assert "other consumers" in " ".join(m.reason for m in result.misses)
     # a padded Im2Col adds zeros; even under a (wrong) BIPOLAR annotation the rule does not apply
     model.set_tensor_datatype(model.get_nodes_by_op_type("Im2Col")[0].outputs[0].name, "BIPOLAR")
-    assert not rule.apply(model)
-    assert any("padding Im2Col" in m.reason for m in rule.misses)
+    result = rule.run(model)
+    assert not result.changed
+    assert any("padding Im2Col" in m.reason for m in result.misses)
 
 
 # -- thresholds ------------------------------------------------------------------------------------------------------
@@ -181,10 +183,11 @@ def test_absorb_scalar_mul_add_into_topk():
 def test_topk_conditions(scale, use_values, reason):
     model = _topk_model(scale, 1.0, use_values)
     rule = AbsorbScalarMulAddIntoTopK()
-    assert not rule.apply(model)
+    result = rule.run(model)
+    assert not result.changed
     assert "Mul" in op_types(model)
     if reason:
-        assert any(reason in m.reason for m in rule.misses)
+        assert any(reason in m.reason for m in result.misses)
 
 
 def test_strictly_increasing_catches_float32_merges():

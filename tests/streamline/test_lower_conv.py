@@ -107,8 +107,9 @@ def test_grouped_conv_is_lowered_dense_unless_told_not():
     model, _ = conv_model(4, 6, (5, 5), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2)
     inputs = _random_input(model)
     rule = LowerConvsToMatMul(dense_grouped=False)
-    assert not rule.apply(model)
-    assert any("grouped convolution" in m.reason for m in rule.misses)
+    result = rule.run(model)
+    assert not result.changed
+    assert any("grouped convolution" in m.reason for m in result.misses)
     assert "Conv" in op_types(model)
     before, after, _ = run_passes(model, [LowerConvsToMatMul], inputs)
     assert_exact(before, after)
@@ -131,8 +132,9 @@ def test_conv_with_bias_or_unsupported_padding_is_a_miss():
     b = g.node("Conv", ["z", g.const(int_weights(RNG, (2, 2, 3, 3)))], pads=[1, 1, 1, 1])  # H = 1 with kernel 3
     model = g.build({"x": (1, 2, 4, 4), "z": (1, 2, 1, 4)}, [a, b])
     rule = LowerConvsToMatMul()
-    assert not rule.apply(model)
-    reasons = " ".join(m.reason for m in rule.misses)
+    result = rule.run(model)
+    assert not result.changed
+    reasons = " ".join(m.reason for m in result.misses)
     assert "bias" in reasons and "spatial size of 1" in reasons
 
 

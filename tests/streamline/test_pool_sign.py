@@ -8,6 +8,7 @@ from onnx import helper
 
 from finnlite import Model, PassManager, Stage
 from finnlite.core.compat import QONNX_DOMAIN
+from finnlite.core.passes import Miss, PassRecord, RunReport
 from streamline.datatypes import InferDataTypes
 from streamline.pool_sign import AbsorbChannelSignIntoMultiThreshold
 from streamline.real_thresholds import RealThresholds, set_real_thresholds
@@ -39,11 +40,14 @@ def _net(rng, a, out_bias: float, rows: int, out_scale: float = 1.0):
     return proto, m
 
 
-def _run(m: Model) -> AbsorbChannelSignIntoMultiThreshold:
-    rule = AbsorbChannelSignIntoMultiThreshold()
-    PassManager([Stage("s", [rule if p is AbsorbChannelSignIntoMultiThreshold else p for p in PASSES],
-                       fixpoint=True)]).run(m)
-    return rule
+def _run(m: Model) -> RunReport:
+    return PassManager([Stage("s", PASSES, fixpoint=True)]).run(m)
+
+
+def _rule_run(report: RunReport) -> tuple[PassRecord, list[Miss]]:
+    """The last run of AbsorbChannelSignIntoMultiThreshold in ``report``, and its misses."""
+    name = AbsorbChannelSignIntoMultiThreshold.name
+    return [r for r in report.records if r.name == name][-1], [x for x in report.misses if x.rule == name]
 
 
 @pytest.mark.parametrize("a", [[0.5, -0.25, 1.5, -2.0],   # mixed signs
@@ -68,12 +72,12 @@ def test_sign_moves_into_weights_and_thresholds(a, out_bias, rows) -> None:
 
 def test_positive_scales_are_left_to_move_linear_past_maxpool() -> None:
     _, m = _net(np.random.default_rng(0), [0.5, 0.25, 1.0, 2.0], 0.0, C)
-    rule = _run(m)
-    assert rule.rewrites == 0 and [n.op_type for n in m.graph] == ["Conv", "MultiThreshold", "MaxPool", "Mul"]
+    last, _ = _rule_run(_run(m))
+    assert last.rewrites == 0 and [n.op_type for n in m.graph] == ["Conv", "MultiThreshold", "MaxPool", "Mul"]
 
 
 def test_out_scale_other_than_one_is_a_miss() -> None:
     _, m = _net(np.random.default_rng(0), [0.5, -0.25, 1.0, 2.0], 0.0, C, out_scale=2.0)
-    rule = _run(m)
+    _, misses = _rule_run(_run(m))
     assert [n.op_type for n in m.graph] == ["Conv", "MultiThreshold", "Mul", "MaxPool"]
-    assert "out_scale 1" in rule.misses[-1].reason
+    assert "out_scale 1" in misses[-1].reason

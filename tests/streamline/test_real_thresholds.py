@@ -160,7 +160,7 @@ def test_power_of_two_rows_materialize_exactly_without_fractions(seed):
     """Rows whose α is a power of two and whose α, β are float64 numbers (fixed-point scales) are computed in
     float64 without the Fraction fallback; the result must be the exact one on ties and near-ties too: integer
     thresholds ⌈R⌉ / ⌊R⌋ + 1 and the least float32 ≥ R (> R), against Fractions, rows mixed with general ones."""
-    from streamline.real_thresholds import _least_float
+    from streamline.real_thresholds import least_float
 
     rng = np.random.default_rng(seed)
     rows, steps = 6, 9
@@ -181,7 +181,7 @@ def test_power_of_two_rows_materialize_exactly_without_fractions(seed):
         r, s = real[c, m], bool(strict[c, m])
         want = math.floor(r) + 1 if s else math.ceil(r)
         assert got_int[c, m] == want, (c, m, r, s)
-        assert got_f32[c, m] == _least_float(r.numerator, r.denominator, s), (c, m, r, s)
+        assert got_f32[c, m] == least_float(r.numerator, r.denominator, s), (c, m, r, s)
 
 
 def test_real_thresholds_count_only_where_the_stored_ones_encode_them():

@@ -70,8 +70,9 @@ def test_per_channel_add_passes_a_sum_times_n_and_a_mean_unchanged():
                         {"w": RNG.normal(size=(1, 1, 1, 5)).astype(np.float32), "axes": np.array([2, 3], np.int64)})
     rule, m = MoveMulPastLinear(), Model(proto)
     m.infer_shapes()
-    assert not rule.apply(m)
-    assert [x.reason for x in rule.misses] == ["the Mul's constant varies along a reduced axis"]
+    result = rule.run(m)
+    assert not result.changed
+    assert [x.reason for x in result.misses] == ["the Mul's constant varies along a reduced axis"]
 
 
 def test_a_float_average_is_left_alone():

@@ -184,5 +184,6 @@ def test_fold_transpose_into_quant_init_leaves_a_shared_weight():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], initializer=inits)
     rule = FoldTransposeIntoQuantInit()
     m = Model(make_model(graph))
-    assert not rule.apply(m)
-    assert [miss.reason for miss in rule.misses] == ["the quantized weight has another consumer"]
+    result = rule.run(m)
+    assert not result.changed
+    assert [miss.reason for miss in result.misses] == ["the quantized weight has another consumer"]

@@ -32,14 +32,20 @@ class RefreshConstants(Rule):
 
     def __init__(self, max_rewrites=None):
         super().__init__(max_rewrites)
+        self.done = 0  # rewrites of the run in progress
+
+    def run(self, model, declined=frozenset(), max_rewrites=None, keep_matches=False):
+        self.done = 0
+        return super().run(model, declined, max_rewrites, keep_matches)
 
     def match(self, model, node):
         return node if node.inputs[1].name.startswith("c") and not node.inputs[1].name.startswith("c_") else None
 
     def rewrite(self, model, node):
         c = const(model, node.inputs[1]).copy()
-        if self.rewrites == 2:  # the third rewrite
+        if self.done == 2:  # the third rewrite
             c = c + 1
+        self.done += 1
         node.replace_input_with(1, model.add_initializer(c, prefix="c_"))
 
 
