@@ -287,6 +287,18 @@ class Verifier:
                 unforced |= refed
                 todo = self._downstream(model, region, refed)
                 continue
+            if forcing:
+                # tensors that differed in the run without forcing but match now that what they read is forced
+                # (the difference came from upstream, or is a near-tie accepted here): their readers get the cached
+                # values too, so that a near-tie does not spread (a one-step window difference would reach a
+                # MatMul's accumulator as a whole weight)
+                settled = {x.name for x in status.values() if x.ok and x.name in unforced}
+                if settled:
+                    settled &= self._forcible(model, region, unforced - settled)[0]
+                if settled:
+                    unforced -= settled
+                    todo = self._downstream(model, region, settled)
+                    continue
             rerun = [node for node, pairs in pending.values()
                      if not all(self._same_value(model, policy, a, b, computed) for a, b in pairs)]
             pending = {}
