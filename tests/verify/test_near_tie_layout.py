@@ -18,15 +18,23 @@ same shape, and must still fail the check.
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
+import pytest
 
+from custom_ops.executor import Executor
 from finnlite import Model
+from finnlite.build import streamline
+from finnlite.core.passes import Transformation
+from streamline.layout import ConvertToNHWC
 from streamline.pipeline import default_stages
+from streamline.real_thresholds import set_real_thresholds
 from tests.verify.graphs import GraphBuilder
 from tests.verify.verified_run import verified_run
-from verify import ReferenceData
+from verify import PassVerificationError, ReferenceData
 
 f32 = np.float32
 W2, W3 = 3, -2  # the integer weights of the two 1x1 convolutions reading u
@@ -116,3 +124,80 @@ def test_a_near_tie_upstream_of_the_layout_change_is_settled() -> None:
     assert ops.get("Transpose", 0) <= 2  # one at the image input, one back at the 4-D graph output
     assert not {"Quant", "Conv"} & set(ops)
     assert run.final.ok and run.final.outputs[0].error_samples == [], run.summary()
+
+
+class ConvertToNHWCShiftingAThreshold(ConvertToNHWC):
+    """ConvertToNHWC that also moves one threshold of ``a``'s MultiThreshold up past an accumulator value that sample
+    0 has at elements that are no near-tie (``c2/s_a`` a quarter or more from every half-integer): those elements
+    lose one level (wrong), and the node loses its real thresholds (which would restore the right ones)."""
+
+    pure_layout = False
+    sample: np.ndarray
+    s_a: np.float32
+    c2_64: np.ndarray
+    shifted: list[tuple[int, ...]] = []
+
+    def apply(self, model):
+        mt = model.get_node_from_name("q_a_MultiThreshold")
+        values = Executor(model.to_proto()).run({"x": self.sample}, return_all=True)
+        v = np.asarray(values[mt.inputs[0].name], np.float64).reshape(-1)
+        t = np.array(model.get_initializer(mt.inputs[1].name), dtype=f32)
+        q = self.c2_64.reshape(-1) / float(self.s_a)
+        far = np.abs(q - (np.floor(q) + 0.5)) >= 0.25
+        levels = (v[:, None] >= t[0][None, :]).sum(axis=1)
+        candidates = np.flatnonzero(far & (levels >= 1))
+        assert candidates.size, "no element to break"
+        e = int(candidates[0])
+        t[0, levels[e] - 1] = f32(v[e] + 1)
+        assert (np.diff(t[0]) >= 0).all()
+        type(self).shifted = [tuple(int(i) for i in np.unravel_index(e, values[mt.outputs[0].name].shape))]
+        mt.replace_input_with(1, model.add_initializer(t))
+        set_real_thresholds(mt, None)  # else a later pass re-materializes the right thresholds from them
+        super().apply(model)
+        return True
+
+
+def test_a_wrong_threshold_beside_the_near_ties_is_still_caught() -> None:
+    """The check that settles the near-ties still fails on the moved threshold, names the pass and the element, and
+    does not blame the near-ties accepted before (the version before computes the cached values there)."""
+    model, x, s_a = block()
+    ref = reference(model, x)
+    wrong = type("Wrong", (ConvertToNHWCShiftingAThreshold,), {
+        "sample": x[0], "s_a": s_a, "c2_64": ref.values(0, np.float64)["c2"]})
+    stages = [dataclasses.replace(s, passes=[wrong if p is ConvertToNHWC else p for p in s.passes])
+              for s in default_stages()]
+    with pytest.raises(PassVerificationError) as info:
+        verified_run(model, stages, ref)
+    assert type(info.value) is PassVerificationError  # not blamed on the near-ties accepted before
+    assert "Wrong" in str(info.value) and f"at {wrong.shifted[0]}" in str(info.value) and "sample 0" in str(info.value)
+
+
+class ShiftOneThresholdOfA(Transformation):
+    """One threshold of ``a``'s MultiThreshold moved from the accumulator value 6 (u's level 2: ``a`` = 7 exactly,
+    no near-tie) to 7, and its real thresholds dropped (wrong: those elements lose one level)."""
+
+    def apply(self, model):
+        mt = model.get_node_from_name("q_a_MultiThreshold")
+        t = np.array(model.get_initializer(mt.inputs[1].name), dtype=f32)
+        if mt.inputs[1].name.startswith("shifted") or not (t[0] == 6).any():
+            return False
+        t[0, np.flatnonzero(t[0] == 6)[-1]] = 7
+        mt.replace_input_with(1, model.add_initializer(t, prefix="shifted"))
+        set_real_thresholds(mt, None)
+        return True
+
+
+@pytest.mark.declines
+def test_the_pipeline_declines_a_wrong_threshold_beside_the_near_ties(tmp_path: Path) -> None:
+    """The same kind of wrong rewrite, added to the lower stage by a config, through the build step with healing:
+    it is declined (its one-level differences are not taken for the near-ties accepted before at other elements
+    with the same values), and the model agrees with the original's float64 execution."""
+    model, x, _ = block()
+    np.save(tmp_path / "x.npy", x)
+    report = streamline(model, {"passes": [{"pass": f"{__name__}:ShiftOneThresholdOfA", "stage": "lower"}]},
+                        inputs=tmp_path / "x.npy", extras=False)
+    assert report.error is None and report.verification.ok
+    assert [d.pass_name for d in report.verification.declined] == ["ShiftOneThresholdOfA"]  # nothing innocent
+    assert not any(n.startswith("shifted") for n in model.graph.initializers)
+    final = report.verification.final
+    assert final is not None and final.ok and all(not o.error_samples for o in final.outputs)
