@@ -69,6 +69,8 @@ class CheckOutcome:
     keep: set[str] = field(default_factory=set)
     #: how many times the region was run (more than once when changed values had to be propagated)
     runs: int = 0
+    #: on failure: the flat indices (in the cached layout) of the differing elements of ``tensor`` on ``sample``
+    elements: np.ndarray | None = None
 
 
 @dataclass
@@ -141,6 +143,33 @@ def _lookup(first: Mapping[str, np.ndarray], then: Mapping[str, np.ndarray] | No
     return get
 
 
+def _layout_of(model: Model, name: str, rank: int) -> tuple[str, ...] | None:
+    """The axis names of tensor ``name`` in ``model`` (its ``tensor_layout``, else NCHW/NC by rank), or None."""
+    layout = (model.get_tensor_layout(name) if model.value(name) is not None else None) or _DEFAULT_LAYOUTS.get(rank)
+    return tuple(layout) if layout is not None and len(layout) == rank else None
+
+
+def _same_element(index: tuple[int, ...], frame: tuple[tuple[str, ...] | None, tuple[int, ...]] | None,
+                  layout: tuple[str, ...] | None, shape: tuple[int, ...]) -> int | None:
+    """The flat index, in a tensor of ``shape`` and ``layout``, of the element at ``index`` of a tensor with the
+    layout and shape of ``frame`` (None: the same as now); None if it cannot be followed (see
+    :meth:`Verifier._inherited`)."""
+    src_layout, src_shape = frame if frame is not None else (layout, shape)
+    if len(index) != len(src_shape) or any(not 0 <= i < n for i, n in zip(index, src_shape)):
+        return None
+    if src_layout is not None and layout is not None and src_layout != layout and len(src_layout) == len(layout) \
+            and sorted(src_layout) == sorted(layout) and len(set(layout)) == len(layout):
+        index = tuple(index[src_layout.index(axis)] for axis in layout)
+        src_shape = tuple(src_shape[src_layout.index(axis)] for axis in layout)
+    elif src_layout != layout and len(src_shape) == len(shape):
+        return None  # another order of the axes that the names do not tell
+    if tuple(src_shape) == tuple(shape):
+        return int(np.ravel_multi_index(index, shape)) if shape else 0
+    if [n for n in src_shape if n != 1] == [n for n in shape if n != 1]:  # axes of size 1 added or removed
+        return int(np.ravel_multi_index(index, src_shape)) if src_shape else 0
+    return None
+
+
 def _quantizer_behind(model: Model, node: Any, depth: int = 4) -> Any:
     """The quantizer that decides ``node``'s output levels: ``node`` itself, or the quantizer behind a short chain
     of element-wise Mul/Div/Add/Sub by constants (an output dequantization); None if there is none."""
@@ -176,6 +205,9 @@ class Verifier:
         #: value there, so a later version that still computes the accepted value is not told apart (see
         #: :meth:`_inherited`)
         self.accepted: dict[tuple[str, int], list[NearTie]] = {}
+        #: where each near-tie found by :meth:`_compare` lies: the layout and shape of the tensor it indexes (the
+        #: cache's, at the time), so that a later check can find the same element in another layout
+        self._tie_frames: dict[NearTie, tuple[tuple[str, ...] | None, tuple[int, ...]]] = {}
         self.values = self._full_values(model, initial=True)
         #: per check: the float64 versions of the model before and after the pass, and their values by sample (the
         #: version after, once accepted, is kept as "next": the next check's version before)
@@ -307,6 +339,18 @@ class Verifier:
             r.unforced |= refed
             r.todo = self._downstream(model, r.region, refed)
             return None
+        if r.forcing:
+            # tensors that differed in the run without forcing but match now that what they read is forced (the
+            # difference came from upstream, or is a near-tie accepted here): their readers get the cached values
+            # too, so that a near-tie does not spread (a one-step window difference would reach a MatMul's
+            # accumulator as a whole weight)
+            settled = {x.name for x in r.status.values() if x.ok and x.name in r.unforced}
+            if settled:
+                settled &= self._forcible(model, r.region, r.unforced - settled)[0]
+            if settled:
+                r.unforced -= settled
+                r.todo = self._downstream(model, r.region, settled)
+                return None
         rerun = [node for node, pairs in r.pending.values()
                  if not all(self._same_value(model, policy, a, b, r.computed) for a, b in pairs)]
         r.pending = {}
@@ -515,6 +559,9 @@ class Verifier:
                                      quantizers=quantizers, rtol=self.near_tie_rtol,
                                      float64=self._float64(s, name), grid_step=quant_step(before, name),
                                      sides64=self._sides64(model, s, name, perm))
+        if ties:
+            frame = (_layout_of(before, name, len(diff.shape)), tuple(diff.shape))
+            self._tie_frames.update((t, frame) for t in ties)
         if real.size and self.accepted:
             ties, real = self._inherited(model, name, diff.shape, actual, old[name], s, ties, real)
         if self.reject_ties and ties:
@@ -531,9 +578,11 @@ class Verifier:
                    s: int, ties: list[NearTie], real: np.ndarray) -> tuple[list[NearTie], np.ndarray]:
         """Move the differences of tensor ``name`` (sample position ``s``) that an earlier check accepted as near-ties
         from ``real`` to ``ties``: the same tensor or quantizer node, the same sample, the same expected and actual
-        values (an element of the earlier acceptance, as many times as it was accepted; the index is not compared, as
-        a layout change moves it). The version before this one computes them as well, and the earlier check decided
-        them; the new records say which check that was."""
+        values at the same element (its index carried over a layout change by the axis names, or over added or
+        removed axes of size 1; an element that cannot be followed so is not inherited). The version before this one
+        computes them as well, and the earlier check decided them; the new records say which check that was. A
+        difference with the values of an accepted near-tie at another element is not one: a wrong rewrite on a
+        tensor with few levels makes such pairs."""
         producer = model.find_producer(name)
         keys = [name] + ([node_label(producer)] if producer is not None else [])
         q = _quantizer_behind(model, producer)
@@ -544,11 +593,13 @@ class Verifier:
             return ties, real
         a = np.asarray(actual, np.float64).reshape(-1)
         e = np.asarray(expected, np.float64).reshape(-1)
+        layout = _layout_of(self.snapshot.model, name, len(shape))
+        at = [_same_element(t.index, self._tie_frames.get(t), layout, tuple(shape)) for t in pool]
         used: set[int] = set()
         keep = []
         for flat in np.asarray(real).tolist():
-            match = next((i for i, t in enumerate(pool) if i not in used and float(t.actual) == a[flat]
-                          and float(t.expected) == e[flat]), None)
+            match = next((i for i, t in enumerate(pool) if i not in used and at[i] == flat
+                          and float(t.actual) == a[flat] and float(t.expected) == e[flat]), None)
             if match is None:
                 keep.append(flat)
                 continue
@@ -566,6 +617,7 @@ class Verifier:
         outcome.ok = False
         outcome.tensor, outcome.node = name, node_label(node)
         outcome.max_error, outcome.sample = diff.max_abs, self.sample_ids[s]
+        outcome.elements = None if diff.shape_error else np.asarray(diff.bad, np.int64)
         text = (f"first diverging tensor '{name}' (node '{node_label(node)}', {node.op_type}): "
                 f"{diff.describe().split(': ', 1)[1]} on reference sample {self.sample_ids[s]}")
         if failing[0] != name:

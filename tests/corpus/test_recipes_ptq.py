@@ -37,9 +37,6 @@ KNOWN_GAPS: dict[str, str] = {
     "ptq_squeezenet11_layerwise_w8a8_pc_float": _LAYERWISE.format(
         what="the classifier's off-grid bias (scale fl32(s_in·s_w)) is followed by a ReLU and the global mean with "
              "no quantizer: Add, Relu, ReduceMean stay float at the output"),
-    "ptq_resnet18_fx_w8a8_pt_float": "ConvertToNHWC's per-pass check reports one element of a residual Add off by "
-        "one: a float32 near-tie of the state before lowering (as in the resnet_cifar reproducer), which the check "
-        "does not yet settle in float64 there; the whole lowering pass is declined and its Transposes stay",
 }
 
 
