@@ -82,12 +82,21 @@ class PassResult:
 
 class Transformation(Pass):
     """A pass that edits the model in place. A subclass implements ``apply`` (True if it changed anything) or, to
-    report more than that, ``run`` (a :class:`PassResult`); the other one follows from it."""
+    report more than that, ``run`` (a :class:`PassResult`); the other one follows from it. The one a class defines
+    lowest in its hierarchy is the one that runs: a subclass overriding ``apply`` of a pass that implements ``run``
+    runs its ``apply`` (which may call ``super().apply``)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "apply" in cls.__dict__ and "run" not in cls.__dict__:
+            cls.run = Transformation.run  # type: ignore[method-assign]  # runs this class's apply
 
     def apply(self, model: "Model") -> bool:
-        if type(self).run is Transformation.run:
+        run = next((k.__dict__["run"] for k in type(self).__mro__
+                    if "run" in k.__dict__ and k.__dict__["run"] is not Transformation.run), None)
+        if run is None:
             raise PassError(f"{self.name} does not implement apply()")
-        return self.run(model).changed
+        return run(self, model).changed
 
     def run(self, model: "Model", declined: frozenset[str] = frozenset()) -> PassResult:
         """Run on ``model`` in place and say what was done. ``declined``: the anchors (:func:`anchor_of`) where a

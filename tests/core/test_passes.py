@@ -209,3 +209,31 @@ def test_an_alias_resolves_and_cannot_shadow_a_pass_name():
         pass
 
     assert get_pass("FinnNameOfAliasedNoOp") is AliasedNoOp and get_pass("DerivedNoOp") is DerivedNoOp
+
+
+class _CountsRuns(Transformation):
+    """Implements ``run`` (test pass): renames nothing, reports one rewrite per call."""
+
+    calls: list[str] = []
+
+    def run(self, model, declined=frozenset()):
+        type(self).calls.append("run")
+        from finnlite.core.passes import PassResult
+        return PassResult(False, 1)
+
+
+class _OverridesApply(_CountsRuns):
+    """Overrides ``apply`` of a pass that implements ``run``, as a user extends a FINN transformation."""
+
+    def apply(self, model):
+        type(self).calls.append("apply")
+        return super().apply(model)
+
+
+def test_a_subclass_overriding_apply_runs_its_apply():
+    _CountsRuns.calls = []
+    PassManager([Stage("s", [_OverridesApply])]).run(Model(add_chain(2)))
+    assert _CountsRuns.calls == ["apply", "run"]
+    _CountsRuns.calls = []
+    PassManager([Stage("s", [_CountsRuns])]).run(Model(add_chain(2)))
+    assert _CountsRuns.calls == ["run"]

@@ -131,7 +131,6 @@ class ConvertToNHWCShiftingAThreshold(ConvertToNHWC):
     0 has at elements that are no near-tie (``c2/s_a`` a quarter or more from every half-integer): those elements
     lose one level (wrong), and the node loses its real thresholds (which would restore the right ones)."""
 
-    pure_layout = False
     sample: np.ndarray
     s_a: np.float32
     c2_64: np.ndarray
