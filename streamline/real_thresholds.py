@@ -303,6 +303,10 @@ class RealThresholds:
             # f is the least value >= v; decide ≥/> and the rounding of v only where v is within err of f or below
             unsure = np.isfinite(v) & ((np.abs(f64 - v) <= err) | (np.abs(v - b64) <= err))
             out = np.where(full.strict & (f64 == v), np.nextafter(f, ftype(np.inf)), f)
+        if ftype is np.float64 and unsure.any():  # float64 estimates cannot place R among float64 numbers
+            decided, value = full._float64_decided()
+            out = np.where(unsure & decided, value, out)
+            unsure &= ~decided
         if unsure.any():
             ratios = full._ratios()
             for c, m in zip(*np.nonzero(unsure)):
@@ -310,6 +314,46 @@ class RealThresholds:
                 out[c, m] = least_float(n, d, bool(full.strict[c, m]), ftype)
         cache[ftype] = out.astype(ftype)
         return cache[ftype].copy()
+
+    def _float64_decided(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(decided, T)``: the least float64 ``T ≥ R`` (``> R`` if strict) wherever double-double arithmetic
+        decides it. ``R = (base − β)·(1/α)`` with ``1/α`` and ``β`` per row as unevaluated sums of two float64 numbers
+        (:meth:`_double_rows`) is computed as ``rh + rl`` with error-free sums and products, within
+        ``ε = 2^-98·(|base| + |β|)·|1/α|`` of the exact value (the rounding errors are below ``2^-101`` of that).
+        Where ``rl`` is farther than ``ε`` from 0 (and from the neighbours' gaps), ``R`` is strictly between two
+        float64 numbers and ``T`` is the upper one, whatever the strictness; where not (a threshold on or within
+        ``ε`` of a float64 number, or values out of the safe range), undecided."""
+        ah, al, bh, bl, safe = self._double_rows()
+        base = self.base
+        with np.errstate(all="ignore"):
+            s, e = _two_sum(base, -bh)
+            dh, dl = _two_sum(s, e - bl)
+            ph, pl = _two_prod(dh, ah)
+            rh, rl = _two_sum(ph, pl + (dh * al + dl * ah))
+            eps = 2.0 ** -98 * (np.abs(base) + np.abs(bh)) * np.abs(ah)
+            up, down = np.nextafter(rh, np.inf), np.nextafter(rh, -np.inf)
+            above = (rl - eps > 0) & (rl + eps < up - rh)  # R strictly between rh and the next float64 up
+            below = (rl + eps < 0) & (eps - rl < rh - down)  # R strictly between the next float64 down and rh
+            fast = safe & (np.abs(base) < 2.0 ** 500) & (np.abs(rh) < 2.0 ** 900) & (np.abs(rh) > 2.0 ** -900)
+        return fast & (above | below), np.where(above, up, rh)
+
+    def _double_rows(self) -> tuple[np.ndarray, ...]:
+        """Per row, ``1/α ≈ ah + al`` and ``β ≈ bh + bl`` (each part correctly rounded from exact integers, so each
+        sum is within ``2^-106`` of its value) as ``[rows, 1]`` arrays, and whether the row is in the safe range."""
+        rows = len(self.alpha)
+        out = np.zeros((5, rows))
+        for i, (p, q, r, t) in enumerate(self._ratios()):
+            try:
+                ah = q / p
+                n, d = ah.as_integer_ratio()
+                bh = r / t
+                m, e = bh.as_integer_ratio()
+                out[:, i] = ah, (q * d - n * p) / (p * d), bh, (r * e - m * t) / (t * e), 1.0
+            except (OverflowError, ZeroDivisionError):
+                continue
+            if not (2.0 ** -500 < abs(ah) < 2.0 ** 500 and abs(bh) < 2.0 ** 500):
+                out[4, i] = 0.0
+        return (*(x[:, None] for x in out[:4]), out[4][:, None] > 0)
 
     def count_passed(self, x: np.ndarray) -> np.ndarray:
         """Per element of ``x`` (float64, shape ``[C, M]``: one row per channel), the number of thresholds it
@@ -367,6 +411,28 @@ class RealThresholds:
             cached = [(a.numerator, a.denominator, b.numerator, b.denominator) for a, b in zip(self.alpha, self.beta)]
             self._ratio_rows = cached
         return cached
+
+
+def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Knuth's TwoSum: ``s + e == a + b`` exactly, ``s`` the rounded sum."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _two_prod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dekker's product: ``p + e == a·b`` exactly (no overflow or underflow), ``p`` the rounded product."""
+    p = a * b
+    ah, al = _split(a)
+    bh, bl = _split(b)
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dekker's split of float64 ``a`` into two halves of at most 26 significant bits each."""
+    c = 134217729.0 * a  # 2^27 + 1
+    hi = c - (c - a)
+    return hi, a - hi
 
 
 def _ratio_of(base: float, ratio: tuple[int, int, int, int]) -> tuple[int, int]:

@@ -288,3 +288,63 @@ def test_8bit_activations_on_512_channel_convolutions_stream_exactly(seed: int) 
     assert float_report(model, run.report).integer_only
     widths = [model.get_tensor_datatype(n.outputs[0].name).bitwidth() for n in model.get_nodes_by_op_type("MatMul")]
     assert widths and min(widths) >= 20, widths  # accumulators beyond 2^19
+
+
+def _least_float64(r: Any, strict: bool) -> float:
+    """The least float64 ``≥ r`` (``> r`` if strict), from Fractions."""
+    if r in (np.inf, -np.inf):  # x > −∞ from the least finite float64 on
+        return float(np.nextafter(-np.inf, 0)) if strict and r == -np.inf else float(r)
+
+    def passes(f: float) -> bool:
+        return Fraction(f) > r if strict else Fraction(f) >= r
+    f = float(r)
+    while not passes(f):
+        f = float(np.nextafter(f, np.inf))
+    while passes(float(np.nextafter(f, -np.inf))):
+        f = float(np.nextafter(f, -np.inf))
+    return f
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_float64_thresholds_by_double_double_are_the_least_float64(seed: int) -> None:
+    """``float_thresholds(float64)`` decides most thresholds in double-double arithmetic: per-channel α that are
+    products of float32 scales (and their inverses), rational β, quantizer switching points as the base, both
+    strictnesses, ±∞ — each equal to the least float64 ≥ R (> R if strict) computed from Fractions."""
+    rng = np.random.default_rng(seed)
+    rows, steps = 6, 30
+    f32 = lambda lo, hi: Fraction(float(np.float32(rng.uniform(lo, hi))))  # noqa: E731
+    alpha = [f32(0.001, 3) * f32(0.001, 3) * (f32(0.1, 9) if c % 2 else 1 / f32(0.1, 9)) for c in range(rows)]
+    beta = [f32(-5, 5) * f32(0.01, 1) + Fraction(int(rng.integers(-9, 9)), 7) for _ in range(rows)]
+    s = np.array([float(np.float32(x)) for x in rng.uniform(0.001, 2, rows)])[:, None]
+    base = s * (np.arange(steps)[None, :] - 127.5)
+    base[0, 0], base[1, -1] = -np.inf, np.inf
+    strict = rng.random((rows, steps)) < 0.5
+    rt = RealThresholds(base, strict, alpha=alpha, beta=beta)
+    decided, _ = rt._float64_decided()
+    assert decided.mean() > 0.9  # the fast path is what is tested
+    real = rt.real
+    expected = [[_least_float64(real[c, m], bool(strict[c, m])) for m in range(steps)] for c in range(rows)]
+    assert rt.float_thresholds(np.float64).tolist() == expected
+
+
+def test_float64_thresholds_on_float64_numbers_follow_strictness() -> None:
+    """Thresholds that are float64 numbers although α is not a power of two (R = base/3 with base a multiple of
+    3, β = 0; and R = 0): the double-double sum cannot tell them from their neighbours and they are decided
+    exactly — ``R`` itself, or the next float64 up where strict."""
+    base = np.array([[0.0, 3.0, -6.0, 3.0 * 2.0 ** 40, 0.75]] * 2)
+    strict = np.array([[False] * 5, [True] * 5])
+    rt = RealThresholds(base, strict, alpha=[Fraction(3), Fraction(3)], beta=[0, 0])
+    got = rt.float_thresholds(np.float64)
+    r = [0.0, 1.0, -2.0, 2.0 ** 40, 0.25]
+    assert got[0].tolist() == r
+    assert got[1].tolist() == [float(np.nextafter(x, np.inf)) for x in r]
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_float64_thresholds_a_hair_from_a_float64_number(sign: int) -> None:
+    """R = (3 − β)/3 = 1 ∓ 2^-200/3: closer to 1 than double-double arithmetic can tell, so decided exactly: 1 just
+    above R, the next float64 up just below it."""
+    rt = RealThresholds(np.array([[3.0, 3.0]]), np.array([[False, True]]), alpha=[Fraction(3)],
+                        beta=[Fraction(sign, 2**200)])
+    want = 1.0 if sign > 0 else float(np.nextafter(1.0, 2.0))
+    assert rt.float_thresholds(np.float64).tolist() == [[want, want]]
