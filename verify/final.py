@@ -581,7 +581,14 @@ class _FinalRun:
 
     def explain_ties(self, explain: int) -> None:
         """For the first ``explain`` near-tie samples, the quantizer where float32 and float64 execution part."""
-        for i in self.result.near_tie_samples[:explain]:
+        samples = self.result.near_tie_samples[:explain]
+        try:  # each dtype's values for every sample in turn: the reference keeps one executor at a time
+            for dtype in (np.float32, np.float64):
+                for i in samples:
+                    self.reference.values(i, dtype)
+        except Exception as exc:  # noqa: BLE001 - each sample below tries again and says what failed
+            log.debug("could not compute the near-tie samples' values: %s", exc)
+        for i in samples:
             try:
                 site = _tie_site(self.reference, i)
             except Exception as exc:  # noqa: BLE001 - an explanation is a bonus, the counts stand
