@@ -239,8 +239,7 @@ class RealThresholds:
             # exact where α is a power of two and α, β are float64 numbers (power-of-two scales, as in fixed-point
             # quantizers): then only the subtraction can round (TwoSum gives its error) and the division is exact
             # unless it under- or overflows (checked by multiplying back)
-            bb = d - full.base
-            rounding = (full.base - (d - bb)) + (-b - bb)
+            rounding = _two_sum(full.base, -b)[1]
             exact = rows[:, None] & (rounding == 0) & np.isfinite(v) & (v * a == d)
         return v, np.where(exact, -np.inf, err), full
 
