@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from custom_ops.multithreshold import search_sorted_rows
 from custom_ops.quant import canonical_rounding_mode, max_int, min_int
 
 META_KEY = "finnlite.real_thresholds"
@@ -360,48 +361,49 @@ class RealThresholds:
         the row's sorted float64 estimates counts the thresholds farther below ``x`` than the row's largest error
         bound; only the few within that bound (the candidates) are decided one by one, in float64 where ``x`` is
         farther from ``R`` than the estimate's own bound and by integer arithmetic where it is not. A NaN passes
-        none."""
+        none. Every row is searched at once (:func:`custom_ops.multithreshold.search_sorted_rows`)."""
         x = np.asarray(x, np.float64)
         v, err, full = self._approx()
         if v.shape[0] == 1 and x.shape[0] != 1:
             v, err, full = (np.broadcast_to(v, (x.shape[0], v.shape[1])), np.broadcast_to(err, (x.shape[0],
                             v.shape[1])), full.broadcast_channels(x.shape[0]))
-        counts = np.zeros(x.shape, np.int64)
-        for c in range(x.shape[0]):
-            counts[c] = self._count_row(full, c, x[c], v[c], err[c])
+        order = np.argsort(v, axis=1, kind="stable")
+        sorted_v = np.take_along_axis(v, order, axis=1)
+        bound = np.where(np.isfinite(err), err, 0.0).max(axis=1, initial=0.0)[:, None]
+        with np.errstate(invalid="ignore"):
+            below = search_sorted_rows(sorted_v, x - bound, right=False)  # v < x − bound: R < x, passed
+            upto = search_sorted_rows(sorted_v, x + bound, right=True)  # v > x + bound: R > x, not passed
+        counts = below.ravel()
+        j = np.flatnonzero(upto > below)
+        if j.size:
+            counts = counts + self._count_candidates(full, x, v, err, order, j, below.ravel()[j],
+                                                     (upto - below).ravel()[j])
+        counts = counts.reshape(x.shape)
         counts[np.isnan(x)] = 0
         return counts
 
-    def _count_row(self, full: "RealThresholds", c: int, x: np.ndarray, v: np.ndarray, err: np.ndarray
-                   ) -> np.ndarray:
-        """:meth:`count_passed` of one row: ``x`` ``[M]`` against ``R[c]`` (estimates ``v``, bounds ``err``)."""
-        order = np.argsort(v, kind="stable")
-        sorted_v = v[order]
-        finite_err = err[np.isfinite(err)]
-        bound = float(finite_err.max()) if finite_err.size else 0.0
-        with np.errstate(invalid="ignore"):
-            below = np.searchsorted(sorted_v, x - bound, side="left")  # v < x − bound: R < x, passed
-            upto = np.searchsorted(sorted_v, x + bound, side="right")  # v > x + bound: R > x, not passed
-        counts = below.astype(np.int64)
-        j = np.flatnonzero(upto > below)
-        if not j.size:
-            return counts
-        width = (upto - below)[j]
+    def _count_candidates(self, full: "RealThresholds", x: np.ndarray, v: np.ndarray, err: np.ndarray,
+                          order: np.ndarray, j: np.ndarray, below: np.ndarray, width: np.ndarray) -> np.ndarray:
+        """How many of its candidate thresholds (sorted positions ``below … below + width − 1`` of its row) each
+        element ``j`` of ``x`` (flat index) passes: in float64 where it is farther from the estimate than the
+        estimate's bound, by integer arithmetic where it is not. Returns the counts of every element, flat."""
+        cols = x.shape[1]
         elems = np.repeat(j, width)  # one entry per (element, candidate threshold)
+        rows = elems // cols
         start = np.repeat(np.cumsum(width) - width, width)
-        ks = order[np.repeat(below[j], width) + np.arange(elems.size) - start]
-        xs, vk, ek, sk = x[elems], v[ks], err[ks], full.strict[c, ks]
+        ks = order[rows, np.repeat(below, width) + np.arange(elems.size) - start]
+        xs, vk, ek, sk = x.ravel()[elems], v[rows, ks], err[rows, ks], full.strict[rows, ks]
         with np.errstate(invalid="ignore"):
             passed = np.where(sk, xs > vk, xs >= vk)
             near = np.isfinite(vk) & np.isfinite(xs) & (np.abs(xs - vk) <= ek)
         if near.any():  # x within the estimate's error of R: decide exactly
-            ratio = full._ratios()[c]
+            ratios = full._ratios()
             for i in np.flatnonzero(near):
-                n, d = _ratio_of(full.base[c, ks[i]], ratio)
+                n, d = _ratio_of(full.base[rows[i], ks[i]], ratios[rows[i]])
                 xn, xd = float(xs[i]).as_integer_ratio()
                 lhs, rhs = xn * d, n * xd
                 passed[i] = lhs > rhs or (lhs == rhs and not sk[i])
-        return counts + np.bincount(elems, weights=passed, minlength=x.size).astype(np.int64)
+        return np.bincount(elems, weights=passed, minlength=x.size).astype(np.int64)
 
     def _ratios(self) -> list[tuple[int, int, int, int]]:
         """Per row, α = p/q and β = r/t as integers ``(p, q, r, t)`` (cached)."""
