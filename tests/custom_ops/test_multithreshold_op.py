@@ -180,3 +180,24 @@ def test_many_steps_search_the_rows_with_the_loops_result(shape, axis, channels,
     rows = np.moveaxis(x, axis, 0).reshape(shape[axis], -1).astype(np.float64)
     if channels == shape[axis]:
         np.testing.assert_array_equal(multithreshold_rows(rows, t), multithreshold(rows, t, channel_axis=0))
+
+
+@pytest.mark.parametrize("rows,steps,queries", [(5, 15, 30), (3, 255, 7), (4, 1, 9), (2, 0, 3), (3, 16, 5000)])
+@pytest.mark.parametrize("right", [True, False])
+def test_the_row_search_is_numpys_searchsorted_row_by_row(rows, steps, queries, right):
+    """search_sorted_rows (all short rows at once, long rows one call each) gives numpy's searchsorted of each
+    row: ties, repeated and infinite values, NaN thresholds sorted last."""
+    from custom_ops.multithreshold import search_sorted_rows
+
+    rng = np.random.default_rng(rows * 1000 + steps + queries)
+    t = rng.integers(-8, 8, (rows, steps)).astype(np.float64)
+    t[rng.random(t.shape) < 0.1] = np.inf
+    t[rng.random(t.shape) < 0.1] = -np.inf
+    t[rng.random(t.shape) < 0.1] = np.nan
+    t = np.sort(t, axis=1)
+    q = rng.integers(-10, 10, (rows, queries)).astype(np.float64)
+    q[rng.random(q.shape) < 0.05] = np.inf
+    q[rng.random(q.shape) < 0.05] = -np.inf
+    side = "right" if right else "left"
+    expected = np.stack([np.searchsorted(t[c], q[c], side=side) for c in range(rows)])
+    np.testing.assert_array_equal(search_sorted_rows(t, q, right), expected)
