@@ -195,6 +195,11 @@ class Executor:
         shape = self._shapes.get(name)
         return tuple(shape) if shape is not None and all(d is not None for d in shape) else None
 
+    def folded(self, name: str) -> np.ndarray | None:
+        """The value of tensor ``name`` if it is a constant of the model or one folded at construction (a weight
+        quantizer's output, read-only), else None."""
+        return self._constants.get(name)
+
     def input_shape(self, name: str) -> tuple[int | None, ...] | None:
         """The declared shape of data input ``name`` (None for a symbolic dim; None if undeclared)."""
         return self._input_shapes[name]

@@ -400,7 +400,7 @@ class _FinalRun:
             original32.start()
         proved: set[str] = set()  # the streamlined layers whose weights are proved equal to the original's
         if proofs:
-            result.weight_issues = compare_weights(m, reference.original(), proved)
+            result.weight_issues = compare_weights(m, reference.original(), proved, reference.folded)
         executor = executor_with_outputs(m, self.extra)
         want = set(m.output_names) | set(self.extra)
 

@@ -303,6 +303,12 @@ class ReferenceData:
             self._executors[key] = Executor(self._proto, dtype=dtype, constants=dict(self._weights))
         return self._executors[key]
 
+    def folded(self, name: str) -> np.ndarray | None:
+        """The original's constant tensor ``name`` (e.g. a weight quantizer's output) as its float32 execution
+        computes it, if the float32 executor exists and folded it (None otherwise: no executor is made for it)."""
+        ex = self._executors.get("float32")
+        return ex.folded(name) if ex is not None else None
+
     def outputs(self, dtype: Any = np.float32) -> dict[str, np.ndarray]:
         """The original model's outputs on all samples (stacked along axis 0), computed once per dtype."""
         key = np.dtype(dtype).name

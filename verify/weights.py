@@ -20,7 +20,7 @@ original's up to the layer's input, :mod:`verify.proofs`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from verify.region import node_label
 __all__ = ["WeightIssue", "compare_weights", "RTOL"]
 
 RTOL = 1e-5
+Folded = Callable[[str], "np.ndarray | None"] | None
 _SUFFIXES = ("_MatMul", "_matmul")
 
 
@@ -49,8 +50,9 @@ class WeightIssue:
         return f"node '{self.node}', tensor '{self.tensor}' (original layer '{self.layer}'): {self.message}"
 
 
-def _quantized_weight(original: Model, layer: Any) -> np.ndarray | None:
-    """The original layer's weight as its quantizer computes it (float32, as the model does), or None."""
+def _quantized_weight(original: Model, layer: Any, folded: Folded = None) -> np.ndarray | None:
+    """The original layer's weight as its quantizer computes it (float32, as the model does), or None; ``folded``
+    may give it already computed (the reference executor's folded constant)."""
     from custom_ops.registry import make_op
 
     w = layer.inputs[1] if len(layer.inputs) > 1 else None
@@ -62,6 +64,9 @@ def _quantized_weight(original: Model, layer: Any) -> np.ndarray | None:
     q = w.producer()
     if q is None or q.op_type not in ("Quant", "BipolarQuant"):
         return None
+    known = folded(w.name) if folded is not None else None
+    if known is not None:
+        return np.asarray(known, np.float32)
     args = [const_array(v) if v is not None else None for v in q.inputs]
     if any(a is None for a in args):
         return None
@@ -97,9 +102,11 @@ def _as_columns(layer: Any, w: np.ndarray, shape: tuple[int, int]) -> np.ndarray
     return cols if cols.shape == shape else None
 
 
-def compare_weights(model: Model, original: Model, proved: set[str] | None = None) -> list[WeightIssue]:
+def compare_weights(model: Model, original: Model, proved: set[str] | None = None, folded: Folded = None
+                    ) -> list[WeightIssue]:
     """Every matched streamlined weight that is not the original's up to a scale per output channel (module
-    docstring); the names of the nodes whose weights were compared and found equal are added to ``proved``."""
+    docstring); the names of the nodes whose weights were compared and found equal are added to ``proved``.
+    ``folded(name)``: the original's quantized weight ``name`` if already computed (else None)."""
     issues: list[WeightIssue] = []
     proved = proved if proved is not None else set()
     for node in model.graph:
@@ -113,7 +120,7 @@ def compare_weights(model: Model, original: Model, proved: set[str] | None = Non
         if layer is None or layer.op_type not in ("Conv", "Gemm", "MatMul"):
             continue
         if isinstance(t, DepthwiseWeight):
-            compared, issue = _depthwise(node, t, original, layer)
+            compared, issue = _depthwise(node, t, original, layer, folded)
             if issue is not None:
                 issues.append(issue)
             elif compared:
@@ -122,7 +129,7 @@ def compare_weights(model: Model, original: Model, proved: set[str] | None = Non
         data = original.find_producer(layer.inputs[0].name) if layer.inputs and layer.inputs[0] is not None else None
         if data is not None and data.op_type == "Concat":
             continue  # branches of different scales: their rows may carry different integer multipliers
-        w_orig = _quantized_weight(original, layer)
+        w_orig = _quantized_weight(original, layer, folded)
         ws = np.asarray(t.numpy(), np.float32)
         wo = _as_columns(layer, w_orig, ws.shape) if w_orig is not None else None
         if wo is None:
@@ -139,11 +146,12 @@ def compare_weights(model: Model, original: Model, proved: set[str] | None = Non
     return issues
 
 
-def _depthwise(node: Any, t: DepthwiseWeight, original: Model, layer: Any) -> tuple[bool, WeightIssue | None]:
+def _depthwise(node: Any, t: DepthwiseWeight, original: Model, layer: Any, folded: Folded
+               ) -> tuple[bool, WeightIssue | None]:
     """A lowered depthwise convolution's kernel ``[C, kh, kw]`` against the original's ``[C, 1, kh, kw]`` weight:
     channel ``c`` must be ``λ_c`` times the original's, with the same zeros. Returns whether it was compared (the
     layer is a depthwise convolution of that kernel shape) and the issue, if any."""
-    w = _quantized_weight(original, layer)
+    w = _quantized_weight(original, layer, folded)
     c, kh, kw = t.kernel.shape
     group = int(layer.attributes["group"].value) if "group" in layer.attributes else 1
     if w is None or w.shape != (c, 1, kh, kw) or group != c:
