@@ -25,7 +25,6 @@ and recomputed exactly with Fractions only where the bound does not decide (exac
 from __future__ import annotations
 
 import base64
-import weakref
 import json
 import math
 from fractions import Fraction
@@ -220,7 +219,9 @@ class RealThresholds:
         """α and β rounded to float64 (cached)."""
         cached = getattr(self, "_float_ab", None)
         if cached is None:
-            cached = (np.array([float(x) for x in self.alpha]), np.array([float(x) for x in self.beta]))
+            # n / d of Python ints is correctly rounded: float(x), without the numbers.Rational dispatch
+            cached = (np.array([x.numerator / x.denominator for x in self.alpha]),
+                      np.array([x.numerator / x.denominator for x in self.beta]))
             self._float_ab = cached
         return cached
 
@@ -251,8 +252,10 @@ class RealThresholds:
             a, b = self._floats()
             with np.errstate(invalid="ignore"):
                 cached = np.isfinite(a) & np.isfinite(b) & (np.frexp(a)[0] == 0.5)  # float64 α a power of two
-            for i in np.flatnonzero(cached):  # only those rows pay for the exact comparisons
-                cached[i] = Fraction(float(a[i])) == self.alpha[i] and Fraction(float(b[i])) == self.beta[i]
+            for i in np.flatnonzero(cached):  # only those rows pay for the exact comparisons (in lowest terms)
+                al, be = self.alpha[i], self.beta[i]
+                cached[i] = (float(a[i]).as_integer_ratio() == (al.numerator, al.denominator)
+                             and float(b[i]).as_integer_ratio() == (be.numerator, be.denominator))
             self._exact_ab = cached
         return cached
 
@@ -544,9 +547,10 @@ def quant_real_thresholds(scale: np.ndarray, zeropoint: np.ndarray, bitwidth: in
     return RealThresholds(base, np.repeat(strict, rows, axis=0))
 
 
-#: the object behind each node's metadata text, so that reading back what was just written (or read) costs no
-#: parsing; it lives as long as the node, where a cache keyed by the text kept every version a rewrite replaced
-_BY_NODE: "weakref.WeakKeyDictionary[Any, tuple[str, RealThresholds]]" = weakref.WeakKeyDictionary()
+#: the key, in a node's in-memory ``meta`` store (never saved), of ``(text, object)``: the object behind the node's
+#: metadata text, so that reading back what was just written (or read) costs no parsing. It lives as long as the
+#: node, and a structural copy of the node (the verifier's versions) shares it with the text.
+_PARSED = "finnlite.real_thresholds"
 
 
 def get_real_thresholds(node: Any) -> RealThresholds | None:
@@ -554,11 +558,11 @@ def get_real_thresholds(node: Any) -> RealThresholds | None:
     text = node.metadata_props.get(META_KEY)
     if not text:
         return None
-    hit = _BY_NODE.get(node)
+    hit = node.meta.get(_PARSED)
     if hit is not None and hit[0] is text:
         return hit[1]
     rt = _parse(text)
-    _BY_NODE[node] = (text, rt)
+    node.meta[_PARSED] = (text, rt)
     return rt
 
 
@@ -585,11 +589,11 @@ def set_real_thresholds(node: Any, rt: RealThresholds | None) -> None:
     """Store (or, with None, remove) the real thresholds on an ``onnx_ir`` node."""
     if rt is None:
         node.metadata_props.pop(META_KEY, None)
-        _BY_NODE.pop(node, None)
+        node.meta.pop(_PARSED, None)
     else:
         text = rt.to_json()
         node.metadata_props[META_KEY] = text
-        _BY_NODE[node] = (node.metadata_props[META_KEY], rt)
+        node.meta[_PARSED] = (node.metadata_props[META_KEY], rt)
 
 
 def relu_composed(rt: RealThresholds) -> RealThresholds:

@@ -69,6 +69,23 @@ def test_edits_of_either_side_do_not_reach_the_other() -> None:
     assert c2.get_tensor_shape("y") == (1, 4) and c2.get_tensor_datatype("t").name == "UINT2"
 
 
+def test_a_copy_shares_parsed_real_thresholds_until_its_text_changes() -> None:
+    """The thresholds parsed from a node's metadata text are the copy's too (no second parse); a new text on
+    either side is parsed for that side alone."""
+    from streamline.real_thresholds import META_KEY, get_real_thresholds, quant_real_thresholds
+
+    m = _annotated()
+    rt = quant_real_thresholds(np.array([0.5, 0.25, 1.0, 2.0], np.float32), 0.0, 2, False, False)
+    m.ir.graph.node("mt0").metadata_props[META_KEY] = rt.to_json()
+    parsed = get_real_thresholds(m.ir.graph.node("mt0"))
+    c = clone_model(m)
+    assert get_real_thresholds(c.ir.graph.node("mt0")) is parsed
+    shifted = rt.shifted(np.array([1.0, 2.0, 3.0, 4.0]))
+    c.ir.graph.node("mt0").metadata_props[META_KEY] = shifted.to_json()
+    assert get_real_thresholds(c.ir.graph.node("mt0")).real.tolist() == shifted.real.tolist()
+    assert get_real_thresholds(m.ir.graph.node("mt0")) is parsed
+
+
 def test_dangling_input_is_shared_not_an_error() -> None:
     m = _annotated()
     ghost = ir.Value(name="ghost")
