@@ -209,11 +209,13 @@ def cmd_exec(args: argparse.Namespace) -> int:
     import numpy as np
 
     from custom_ops.executor import Executor
-    from finnlite.core.io import check_input_names, check_output_path
+    from finnlite.core.io import check_input_names, check_output_path, write_atomic
     from finnlite.core.model import Model
 
     model = Model(args.model)
     check_input_names(args.inputs, model.input_names)
+    if args.output and not str(args.output).endswith(".npz"):
+        args.output = f"{args.output}.npz"  # the name np.savez gives a path without the suffix
     if args.output:
         check_output_path(args.output, source=args.model, what="outputs")
     inputs = _load_arrays(args.inputs, model.input_names)
@@ -221,7 +223,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     outputs = Executor(model.to_proto()).run(inputs)
     seconds = time.perf_counter() - t0
     if args.output:
-        np.savez(args.output, **outputs)
+        write_atomic(args.output, lambda fh: np.savez(fh, **outputs))
     if args.json:
         _emit_json({"seconds": seconds, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype),
                                                          "values": v.tolist()} for k, v in outputs.items()}})

@@ -372,8 +372,11 @@ class StreamlineReport:
                 f"<body>{self.html_fragment()}</body></html>\n")
 
     def save_html(self, path: str | Path) -> None:
-        """Write :meth:`to_html` to ``path`` (remembered as :attr:`report_path`)."""
-        Path(path).write_text(self.to_html(), encoding="utf-8")
+        """Write :meth:`to_html` to ``path`` atomically (remembered as :attr:`report_path`)."""
+        from finnlite.core.io import write_atomic
+
+        html = self.to_html().encode("utf-8")
+        write_atomic(path, lambda fh: fh.write(html))
         self.report_path = str(path)
 
     def _repr_html_(self) -> str:

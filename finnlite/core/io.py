@@ -3,15 +3,17 @@
 A model is read from a path, bytes, an ``onnx.ModelProto`` or a qonnx ``ModelWrapper``. Bad input gives a
 :class:`ModelLoadError` whose one-line message names the file and the problem. External data is only read from
 inside the model's folder (a ``location`` such as ``../../etc/passwd`` is refused), and must be complete.
-Saving writes a temporary file beside the target and renames it, so a reader never sees half a model.
+Saving writes a temporary file beside the target and renames it, so a reader never sees half a model; the file
+gets the permissions a plain write would give it (an existing file's, else 0666 less the umask).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -224,6 +226,45 @@ def check_input_names(path: str | os.PathLike, input_names: Sequence[str]) -> No
                           f"(np.savez(file, {input_names[0]}=...))", file=str(path))
 
 
+def _plain_mode(path: Path) -> int:
+    """The permission bits ``open(path, "w")`` leaves ``path`` with: an existing file's, else 0666 less the
+    umask (which can only be read by setting it)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
+def _temp_beside(path: Path, folder: Path) -> tuple[int, str]:
+    """A new temporary file in ``folder`` for an atomic write of ``path``, with ``path``'s plain permissions (not
+    ``mkstemp``'s owner-only 0600): ``(descriptor, name)``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        os.fchmod(fd, _plain_mode(path))
+    except OSError:  # a file system without Unix permissions: mkstemp's stay
+        pass
+    return fd, tmp
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write`` on a temporary file beside ``path``, then rename it to ``path``: a reader sees the old file
+    or the whole new one. An :class:`OSError` becomes a :class:`ModelLoadError` naming ``path``."""
+    path = Path(path)
+    folder = _check_target(path)
+    fd, tmp = _temp_beside(path, folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot save: {exc.strerror or exc}", file=str(path)) from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def save_model(model: ir.Model, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
     """Write an ``onnx_ir`` model to ``path`` atomically; see :meth:`finnlite.Model.save`. Without external data
     the file is streamed: the model without its initializers, then one initializer at a time, in the bytes
@@ -244,7 +285,7 @@ def save_model(model: ir.Model, path: str | os.PathLike, *, external_data: bool 
     if model_size > _PROTOBUF_LIMIT:
         save_proto(to_proto(model), path, external_data=True)
         return
-    fd, model_tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    fd, model_tmp = _temp_beside(path, folder)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(head[0] + _key(7) + _varint(graph_size) + head[1])
@@ -427,13 +468,13 @@ def save_proto(proto: onnx.ModelProto, path: str | os.PathLike, *, external_data
             data = None
         external_data = data is None or len(data) > _PROTOBUF_LIMIT
     data_tmp = None
-    fd, model_tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    fd, model_tmp = _temp_beside(path, folder)
     os.close(fd)
     try:
         data_name = path.name + ".data"
         if external_data:
             _raw_everywhere(proto)
-            fd, data_tmp = tempfile.mkstemp(prefix=f".{data_name}.", suffix=".tmp", dir=folder)
+            fd, data_tmp = _temp_beside(folder / data_name, folder)
             os.close(fd)
             _to_external(proto, data_name, data_tmp)
             data = None

@@ -311,6 +311,30 @@ def test_save_is_atomic_and_checks_folder(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]  # no temporary files left
 
 
+def test_saved_files_get_the_permissions_a_plain_write_gives(tmp_path):
+    """Not mkstemp's owner-only 0600: a new file gets 0666 less the umask, a replaced one keeps its mode, for the
+    streamed save, the proto save (external data) and write_atomic."""
+    import os
+    import stat
+
+    from finnlite.core.io import write_atomic
+
+    mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)  # noqa: E731
+    m = Model(chain_model(2))
+    old = os.umask(0o027)
+    try:
+        m.save(tmp_path / "m.onnx")
+        m.save(tmp_path / "e.onnx", external_data=True)
+        write_atomic(tmp_path / "w.bin", lambda fh: fh.write(b"x"))
+        assert {mode(tmp_path / n) for n in ("m.onnx", "e.onnx", "e.onnx.data", "w.bin")} == {0o640}
+        os.chmod(tmp_path / "m.onnx", 0o604)
+        m.save(tmp_path / "m.onnx")
+        assert mode(tmp_path / "m.onnx") == 0o604
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.onnx", "e.onnx.data", "m.onnx", "w.bin"]
+
+
 def test_to_qonnx_and_back():
     m = Model(chain_model(2))
     qm = m.to_qonnx()

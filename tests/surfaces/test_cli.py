@@ -260,6 +260,8 @@ def test_exec_runs_the_oracle(example_path: Path, tmp_path: Path, cli) -> None:
         name = next(iter(expected))
         np.testing.assert_array_equal(got[name], expected[name])
     assert f"output '{name}': shape (2, 10), float32" in res.stdout and "argmax" in res.stdout
+    res = cli(["exec", example_path, npz, "-o", tmp_path / "z"])  # the suffix np.savez adds to a bare name
+    assert res.returncode == 0 and "outputs saved to" in res.stdout and (tmp_path / "z.npz").is_file()
     res = cli(["exec", example_path, npz, "--json"])
     assert np.allclose(json.loads(res.stdout)["outputs"][name]["values"], expected[name])
     bad = tmp_path / "bad.npz"
