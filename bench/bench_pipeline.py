@@ -181,14 +181,22 @@ def command_models() -> dict[str, Path]:
     return models
 
 
+#: FINN's flow is stopped after this many seconds (on ProxylessNAS it ran past 900 s at 14.5 GB)
+FINN_TIMEOUT_S = 300
+
+
 def finn_seconds(path: Path) -> float | None:
     """FINN's own flow on ``path`` (``bench/finn_flow.py`` in the finn-plus side environment named by
-    ``$FINNLITE_FINN_PYTHON``), one run; None without that environment."""
+    ``$FINNLITE_FINN_PYTHON``), one run; None without that environment, ``inf`` if it did not finish within
+    :data:`FINN_TIMEOUT_S`."""
     python = os.environ.get("FINNLITE_FINN_PYTHON")
     if not python or not Path(python).is_file():
         return None
-    out = subprocess.run([python, str(REPO / "bench" / "finn_flow.py"), str(path)], capture_output=True, text=True,
-                         cwd=REPO, check=True)
+    try:
+        out = subprocess.run([python, str(REPO / "bench" / "finn_flow.py"), str(path)], capture_output=True,
+                             text=True, cwd=REPO, check=True, timeout=FINN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return float("inf")
     return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
 
 
@@ -218,8 +226,13 @@ def cli_table(repeats: int = 3) -> None:
         t = {m: statistics.median(r["seconds"] for r in rs) for m, rs in runs.items()}
         rss = {m: statistics.median(r["rss"] for r in rs) for m, rs in runs.items()}
         failed = "" if all(r["ok"] for rs in runs.values() for r in rs) else "  COMMAND FAILED"
-        finn_text = (f"{finn_s:7.1f} {t['each']:6.2f} {finn_s / t['each']:8.1f}x" if finn_s is not None
-                     else f"{'-':>7} {t['each']:6.2f} {'-':>9}")
+        if finn_s is None:
+            finn_text = f"{'-':>7} {t['each']:6.2f} {'-':>9}"
+        elif finn_s == float("inf"):  # stopped at the timeout: FINN's time and the ratio are at least these
+            least = f">{FINN_TIMEOUT_S / t['each']:.0f}"
+            finn_text = f"{'>' + str(FINN_TIMEOUT_S):>7} {t['each']:6.2f} {least:>8}x"
+        else:
+            finn_text = f"{finn_s:7.1f} {t['each']:6.2f} {finn_s / t['each']:8.1f}x"
         print(f"  {name:<24} {finn_text} {t['off']:6.2f} {t['each'] / t['off']:7.2f}x  "
               f"{rss['off'] / 1e6:10.0f} {rss['each'] / 1e6:11.0f}{failed}")
 
