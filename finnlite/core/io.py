@@ -272,7 +272,7 @@ def save_model(model: ir.Model, path: str | os.PathLike, *, external_data: bool 
     times (the model's arrays, the ModelProto and its serialization).
     External data (asked for, or a model over protobuf's 2 GB limit) goes through :func:`save_proto`."""
     path = Path(path)
-    folder = _check_target(path)
+    _check_target(path)  # before the work of serializing
     if external_data:
         save_proto(to_proto(model), path, external_data=True)
         return
@@ -285,26 +285,21 @@ def save_model(model: ir.Model, path: str | os.PathLike, *, external_data: bool 
     if model_size > _PROTOBUF_LIMIT:
         save_proto(to_proto(model), path, external_data=True)
         return
-    fd, model_tmp = _temp_beside(path, folder)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(head[0] + _key(7) + _varint(graph_size) + head[1])
-            for tensor, part, size in zip(tensors, parts, sizes):
-                fh.write(_key(5) + _varint(size))
-                if part is not None:  # the array's bytes go straight to the file
-                    fh.write(part[0] + _key(9) + _varint(part[1]))
-                    fh.flush()
-                    tensor.tofile(fh)
-                    fh.write(part[2])
-                    continue
-                fh.write(ir.serde.serialize_tensor(tensor).SerializeToString())  # its size was counted the same way
-            fh.write(tail[0] + tail[1])
-        os.replace(model_tmp, path)
-    except OSError as exc:
-        raise ModelLoadError(f"cannot save: {exc.strerror}", file=str(path)) from None
-    finally:
-        if os.path.exists(model_tmp):
-            os.unlink(model_tmp)
+
+    def stream(fh: BinaryIO) -> None:
+        fh.write(head[0] + _key(7) + _varint(graph_size) + head[1])
+        for tensor, part, size in zip(tensors, parts, sizes):
+            fh.write(_key(5) + _varint(size))
+            if part is not None:  # the array's bytes go straight to the file
+                fh.write(part[0] + _key(9) + _varint(part[1]))
+                fh.flush()
+                tensor.tofile(fh)
+                fh.write(part[2])
+                continue
+            fh.write(ir.serde.serialize_tensor(tensor).SerializeToString())  # its size was counted the same way
+        fh.write(tail[0] + tail[1])
+
+    write_atomic(path, stream)
 
 
 def _check_target(path: Path) -> Path:
