@@ -39,21 +39,21 @@ import numpy as np
 
 from custom_ops.quant import max_int, min_int
 from finnlite.config import DEFAULT_VERIFY_MODE, VERIFY_MODES, Config, load_config
-from finnlite.cost import datatype_histogram, inference_cost
+from finnlite.core.clone import clone_model
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.errors import ConfigError, VerificationError
 from finnlite.core.io import check_input_names
 from finnlite.core.model import Model
 from finnlite.core.passes import PassManager
-from finnlite.report import (CheckRow, GraphPicture, StreamlineReport, VerificationResult, graph_marks,
-                             pass_timings)
 from finnlite.core.shapes import const_array
 from finnlite.core.validate import validate_model
+from finnlite.cost import datatype_histogram, inference_cost
 from finnlite.float_report import float_report
+from finnlite.report import (CheckRow, GraphPicture, StreamlineReport, VerificationResult, graph_marks,
+                             pass_timings)
 from streamline.preprocess import insert_preprocessing
 from verify import PassVerificationError, ReferenceData, VerificationHook, bisect_pipeline, final_check
 from verify.boundary import boundary_check, boundary_reference
-from verify.clone import clone_model
 from verify.hook import InheritedDeviation, probe_samples
 from verify.verifier import tie_key
 

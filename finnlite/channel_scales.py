@@ -20,7 +20,7 @@ import numpy as np
 import onnx_ir as ir
 
 from finnlite.core.shapes import const_array
-from verify.region import node_label
+from finnlite.core.traverse import node_label
 
 __all__ = ["channel_scale_cause"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from finnlite.core.shapes import const_array
-from verify.region import node_label
+from finnlite.core.traverse import node_label
 
 __all__ = ["float_gate_cause"]
 

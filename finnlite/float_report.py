@@ -26,10 +26,10 @@ from finnlite.channel_scales import channel_scale_cause
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.model import Model, as_model
 from finnlite.core.passes import Miss
+from finnlite.core.traverse import constant_tensors, node_label, topo_order
 from finnlite.float_gate import float_gate_cause
 from finnlite.grid_cause import grid_cause
 from verify.final import integer_tail
-from verify.region import constant_tensors, node_label, topo_order
 
 __all__ = ["FloatNode", "FloatReport", "float_report"]
 

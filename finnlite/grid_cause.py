@@ -25,7 +25,7 @@ import onnx_ir as ir
 
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.shapes import const_array
-from verify.region import node_label
+from finnlite.core.traverse import node_label
 
 __all__ = ["grid_cause"]
 

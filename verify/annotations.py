@@ -29,12 +29,13 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import onnx_ir as ir
 
+from custom_ops.subgraph import executor_with_outputs
 from finnlite.core.datatypes import BaseDataType, is_integer_type, parse_datatype
 from finnlite.core.errors import DataTypeError
 from finnlite.core.model import Model
 from finnlite.core.ranges import accumulator_range, weight_sums
 from finnlite.core.tensors import element_values
-from verify.region import executor_with_outputs, node_label, topo_order
+from finnlite.core.traverse import node_label, topo_order
 
 __all__ = ["AnnotationIssue", "check_annotations", "observed_ranges", "derived_ranges"]
 

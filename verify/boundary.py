@@ -55,15 +55,16 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.executor import Executor
-from custom_ops.quant import max_int, min_int
 from custom_ops.multithreshold import channel_axis_of
+from custom_ops.quant import max_int, min_int
+from custom_ops.subgraph import subgraph_model
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.errors import VerificationError
 from finnlite.core.model import Model, as_model
 from finnlite.core.shapes import const_array
+from finnlite.core.traverse import ancestors, constant_tensors, node_label, topo_order
 from verify.final import FLOAT_LAYER_RTOL, FinalCheck, final_check
 from verify.reference import ReferenceData
-from verify.region import ancestors, constant_tensors, node_label, subgraph_model, topo_order
 from verify.ties import is_bipolar, margin_at
 
 log = logging.getLogger(__name__)
@@ -617,7 +618,7 @@ class FirstLayerCheck:
 
 
 def _first_multithreshold(model: Model, graph_input: str) -> ir.Node | None:
-    from verify.region import descendants
+    from finnlite.core.traverse import descendants
 
     reached, _ = descendants(model, [graph_input])
     for node in topo_order(list(model.graph)):

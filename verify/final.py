@@ -41,18 +41,19 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.executor import Executor
+from custom_ops.subgraph import executor_with_outputs, subgraph_model
 from finnlite.core.errors import VerificationError
 from finnlite.core.model import Model, as_model
+from finnlite.core.traverse import constant_tensors, descendants, node_label, topo_order
 from verify.annotations import AnnotationIssue, check_annotations, derived_ranges, observed_ranges
 from verify.compare import is_integer_tensor, quant_step
-from verify.reference import ReferenceData
-from verify.region import (constant_tensors, descendants, executor_with_outputs, node_label, run_nodes,
-                           subgraph_model, topo_order)
 from verify.locate import Divergence, first_divergence
 from verify.proofs import ProofIssue, proof_inputs, proof_samples, prove_thresholds
+from verify.reference import ReferenceData
+from verify.region import run_nodes
 from verify.tail import TailIssue, check_tail, tail_outputs64
-from verify.weights import WeightIssue, compare_weights
 from verify.ties import QUANTIZER_OPS, Margin, margin_at, near_elements
+from verify.weights import WeightIssue, compare_weights
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from typing import Any, Callable
 
 import onnx_ir as ir
 
+from finnlite.core.clone import clone_model
 from finnlite.core.model import Model
 from finnlite.core.passes import Rule
-from verify.clone import clone_model
-from verify.region import node_label
+from finnlite.core.traverse import node_label
 
 __all__ = ["DeclinedRewrite", "HealResult", "decline_bad_rewrites", "describe_match", "apply_rule", "MAX_DECLINED"]
 

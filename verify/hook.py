@@ -41,18 +41,19 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from finnlite.core.clone import clone_model
 from finnlite.core.errors import VerificationError
 from finnlite.core.model import Model, freeze
 from finnlite.core.passes import WHOLE_PASS, Rule
 from finnlite.core.policies import DEFAULT_POLICY, Equality, Metric, Policy, Tolerance, resolve_policy
 from finnlite.core.tensors import content_crc, is_immutable
-from verify.clone import clone_model
+from finnlite.core.traverse import ancestors, constant_tensors
 from verify.compare import compare_tensor, is_integer_tensor
 from verify.final import final_check
 from verify.heal import DeclinedRewrite, decline_bad_rewrites
 from verify.mt_proof import prove_changed_thresholds
 from verify.reference import ReferenceData
-from verify.region import ancestors, constant_tensors, run_nodes, structure_key
+from verify.region import run_nodes, structure_key
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, NearTie
 from verify.verifier import CheckOutcome, Verifier
 

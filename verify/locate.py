@@ -19,9 +19,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from custom_ops.subgraph import executor_with_outputs
 from finnlite.core.model import Model
+from finnlite.core.traverse import constant_tensors, node_label, topo_order
 from verify.compare import is_integer_tensor
-from verify.region import constant_tensors, executor_with_outputs, node_label, topo_order
 
 __all__ = ["Divergence", "first_divergence", "RTOL"]
 

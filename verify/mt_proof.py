@@ -40,12 +40,12 @@ from custom_ops.multithreshold import channel_axis_of, multithreshold_rows
 from finnlite.core.model import Model
 from finnlite.core.policies import Equality, Policy, Tolerance
 from finnlite.core.shapes import const_array
+from finnlite.core.traverse import node_label
+from streamline.exact import EXACT_KEY
+from streamline.real_thresholds import encoded_real_thresholds
 from verify.compare import is_integer_tensor
 from verify.proofs import (PROOF_QUANTIZERS, RESIDUAL32, AffineFit, fit_affine, prove_levels, quantize_original,
                            quantizer_step)
-from streamline.exact import EXACT_KEY
-from streamline.real_thresholds import encoded_real_thresholds
-from verify.region import node_label
 
 log = logging.getLogger(__name__)
 

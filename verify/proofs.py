@@ -44,10 +44,10 @@ from custom_ops.multithreshold import multithreshold_rows
 from finnlite.core.graphutil import channel_order
 from finnlite.core.model import Model
 from finnlite.core.shapes import const_array
+from finnlite.core.traverse import node_label
 from verify.annotations import derived_ranges
 from verify.compare import is_integer_tensor
 from verify.derived_map import DerivedMap, derived_maps
-from verify.region import node_label
 from verify.tail import float64_from_levels
 from verify.ties import is_bipolar
 

@@ -23,12 +23,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from finnlite.core.clone import clone_model
 from finnlite.core.datatypes import is_integer_type
 from finnlite.core.model import Model
+from finnlite.core.traverse import constant_tensors, topo_order
 from streamline.exact import EXACT_KEY, const_operand, exact_value
 from streamline.real_thresholds import encoded_real_thresholds
-from verify.clone import clone_model
-from verify.region import constant_tensors, run_nodes, topo_order
+from verify.region import run_nodes
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 from custom_ops.executor import Executor
+from custom_ops.subgraph import handed_over
 from finnlite.core.datatypes import BaseDataType, is_integer_type
 from finnlite.core.errors import ConfigError
 from finnlite.core.io import to_proto_without
@@ -30,7 +31,6 @@ from finnlite.core.model import Model, as_model, freeze, is_frozen
 from finnlite.core.passes import fingerprint
 from verify.cache import SampleValues
 from verify.compare import fits_datatype
-from verify.region import handed_over
 
 log = logging.getLogger(__name__)
 

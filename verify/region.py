@@ -20,30 +20,19 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
-import onnx
 import onnx_ir as ir
-from onnx import helper, numpy_helper
 
 from custom_ops.executor import Executor
-from custom_ops.plan import FEED_ELEMENTS
 from custom_ops.registry import make_op
-from finnlite.core.compat import IR_VERSION
-from finnlite.core.io import to_proto_without
+from custom_ops.subgraph import as_constant, handed_over, model_of
+from finnlite.core.clone import clone_model
 from finnlite.core.model import Model
-from finnlite.core.tensors import DepthwiseWeight, content_crc, is_immutable
+from finnlite.core.tensors import content_crc, is_immutable
+from finnlite.core.traverse import ancestors, descendants, node_label, topo_order
 from verify.cache import Recompute, SampleValues
-from verify.clone import clone_model
 
-__all__ = ["Fingerprints", "Snapshot", "Change", "find_change", "run_nodes", "topo_order", "node_label",
-           "constant_tensors", "subgraph_model", "descendants", "ancestors", "hull", "structure_key", "node_signature"]
-
-
-def node_label(node: ir.Node) -> str:
-    """A node's name, or ``OpType(->first output)`` for an unnamed node."""
-    if node.name:
-        return node.name
-    first = node.outputs[0].name if node.outputs else "?"
-    return f"{node.op_type}(->{first})"
+__all__ = ["Fingerprints", "Snapshot", "Change", "find_change", "run_nodes", "hull", "structure_key",
+           "node_signature"]
 
 
 class Fingerprints:
@@ -162,18 +151,6 @@ def _interface(model: Model) -> tuple:
     return ins, tuple(v.name for v in model.graph.outputs)
 
 
-def constant_tensors(model: Model) -> set[str]:
-    """Names of the tensors that do not depend on any graph input: initializers and the outputs of nodes that read
-    only constants."""
-    const = set(model.graph.initializers)
-    for node in topo_order(list(model.graph)):
-        if node.op_type.startswith("Random"):
-            continue
-        if all(v is None or v.name in const for v in node.inputs):
-            const.update(o.name for o in node.outputs)
-    return const
-
-
 @dataclass
 class Snapshot:
     """A copy of one version of the model: a structural clone sharing the initializer tensors (O(nodes)), the
@@ -213,33 +190,6 @@ class Change:
     problems: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     #: the node signatures of the new version (to snapshot it without hashing again)
     signatures: Counter = field(default_factory=Counter)
-
-
-def topo_order(nodes: Sequence[ir.Node]) -> list[ir.Node]:
-    """``nodes`` in a topological order of their mutual dependencies (stable); raises ValueError naming a node on
-    a cycle."""
-    ids = {id(n): i for i, n in enumerate(nodes)}
-    indeg = [0] * len(nodes)
-    succ: list[list[int]] = [[] for _ in nodes]
-    for i, n in enumerate(nodes):
-        preds = {ids[id(p)] for v in n.inputs if v is not None and (p := v.producer()) is not None and id(p) in ids}
-        for j in preds:
-            succ[j].append(i)
-        indeg[i] = len(preds)
-    ready = [i for i in range(len(nodes)) if indeg[i] == 0]
-    ready.reverse()
-    out: list[int] = []
-    while ready:
-        i = ready.pop()
-        out.append(i)
-        for j in reversed(succ[i]):
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                ready.append(j)
-    if len(out) != len(nodes):
-        stuck = next(n for i, n in enumerate(nodes) if indeg[i] > 0)
-        raise ValueError(f"cycle through node '{node_label(stuck)}'")
-    return [nodes[i] for i in out]
 
 
 def find_change(before: Snapshot, after: Model, fps: Fingerprints, cached: Iterable[str]) -> Change:
@@ -302,65 +252,6 @@ def _alive_producer(v: ir.Value, model: Model) -> bool:
     return prod is not None and prod.graph is model.graph
 
 
-def _value_info(name: str, arr: np.ndarray) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape))
-
-
-def model_of(protos: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
-            opsets: dict[str, int]) -> onnx.ModelProto:
-    """A model of the nodes ``protos``: ``inputs`` as graph inputs, ``constants`` as initializers, every output of
-    the nodes a graph output, with the opset imports ``opsets``."""
-    graph = helper.make_graph(list(protos), "region", [_value_info(n, a) for n, a in inputs.items()],
-                              [onnx.ValueInfoProto(name=o) for p in protos for o in p.output if o],
-                              initializer=[numpy_helper.from_array(np.asarray(a), n) for n, a in constants.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
-                              producer_name="finnlite-verify")
-    model.ir_version = IR_VERSION
-    return model
-
-
-def subgraph_model(nodes: Sequence[ir.Node], inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
-                   opsets: dict[str, int]) -> onnx.ModelProto:
-    """A model of just ``nodes``: ``inputs`` are graph inputs (typed and shaped like the example arrays given),
-    ``constants`` initializers, and every tensor the nodes produce is a graph output."""
-    return model_of([ir.serde.serialize_node(n) for n in nodes], inputs, constants, opsets)
-
-
-def descendants(model: Model, tensors: Iterable[str]) -> tuple[set[int], set[str]]:
-    """The nodes (by id) reading ``tensors`` directly or indirectly, and every tensor they produce."""
-    nodes: set[int] = set()
-    names: set[str] = set(tensors)
-    work = [model.value(t) for t in names]
-    while work:
-        v = work.pop()
-        if v is None:
-            continue
-        for use in v.uses():
-            n = use.node
-            if id(n) in nodes or n.graph is not model.graph:
-                continue
-            nodes.add(id(n))
-            for o in n.outputs:
-                names.add(o.name)
-                work.append(o)
-    return nodes, names
-
-
-def ancestors(nodes: Iterable[ir.Node]) -> set[int]:
-    """The nodes (by id) that ``nodes`` depend on, directly or indirectly (``nodes`` themselves excluded unless they
-    depend on each other)."""
-    seen: set[int] = set()
-    work = list(nodes)
-    while work:
-        n = work.pop()
-        for v in n.inputs:
-            p = v.producer() if v is not None else None
-            if p is not None and id(p) not in seen:
-                seen.add(id(p))
-                work.append(p)
-    return seen
-
-
 def hull(model: Model, nodes: Sequence[ir.Node]) -> list[ir.Node]:
     """``nodes`` and every node on a path between two of them (topologically sorted): a region whose inputs do not
     depend on its own outputs."""
@@ -368,23 +259,6 @@ def hull(model: Model, nodes: Sequence[ir.Node]) -> list[ir.Node]:
     down, _ = descendants(model, [o.name for n in nodes for o in n.outputs])
     up = ancestors(nodes)
     return topo_order([n for n in model.graph if id(n) in ids or (id(n) in down and id(n) in up)])
-
-
-#: initializers at least this large are handed to a region's executor as arrays rather than serialized into its
-#: model (a lowered depthwise weight can be tens of megabytes): the executor's own threshold for feeding them
-_FEED_ELEMENTS = FEED_ELEMENTS
-
-
-def handed_over(tensor: Any) -> bool:
-    """True if an initializer goes to an executor as one of its ``constants`` rather than serialized into the model
-    it runs: a compact depthwise weight (kept compact, see :mod:`finnlite.core.tensors`) or a large numeric tensor."""
-    return isinstance(tensor, DepthwiseWeight) or (tensor.size >= _FEED_ELEMENTS
-                                                   and tensor.dtype != ir.DataType.STRING)
-
-
-def as_constant(tensor: Any) -> Any:
-    """A handed-over initializer as the executor takes it: a depthwise weight as it is, anything else as an array."""
-    return tensor if isinstance(tensor, DepthwiseWeight) else tensor.numpy()
 
 
 def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[str, np.ndarray]],
@@ -451,15 +325,3 @@ def run_nodes(after: Model, nodes: Sequence[ir.Node], samples: Sequence[Mapping[
                 dict.__setitem__(out, name, dict.pop(out, f"{name}__recomputed"))
         results.append(out)
     return results
-
-
-def executor_with_outputs(model: Model, names: list[str], dtype: Any = np.float32) -> Any:
-    """An executor of ``model`` with the extra graph outputs ``names``. The large initializers (the weights) are
-    handed to it as the model's own arrays instead of being serialized into its ModelProto, which the executor
-    would copy and convert back to arrays (float32; a float64 executor converts them, once)."""
-    large = {name: v.const_value for name, v in model.graph.initializers.items()
-             if v.const_value is not None and handed_over(v.const_value)}
-    proto = to_proto_without(model.ir, large, node_metadata=False)
-    have = {o.name for o in proto.graph.output}
-    proto.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names if name not in have)
-    return Executor(proto, dtype=dtype, constants={name: as_constant(t) for name, t in large.items()})

@@ -33,7 +33,8 @@ import numpy as np
 import onnx_ir as ir
 
 from custom_ops.executor import Executor
-from verify.region import model_of, constant_tensors, node_label, topo_order
+from custom_ops.subgraph import model_of
+from finnlite.core.traverse import constant_tensors, node_label, topo_order
 
 __all__ = ["TailIssue", "check_tail", "TAIL_RTOL", "last_quantizers", "float64_from_levels", "tail_outputs64"]
 

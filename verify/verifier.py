@@ -29,12 +29,12 @@ from custom_ops.executor import Executor
 from finnlite.core.errors import FinnliteError
 from finnlite.core.model import Model
 from finnlite.core.policies import Metric, Policy
+from finnlite.core.traverse import ancestors, constant_tensors, descendants, node_label, topo_order
 from verify.cache import SampleValues
 from verify.compare import TensorDiff, compare_tensor, is_integer_tensor, quant_step
-from verify.reference import ReferenceData
-from verify.region import (Change, Fingerprints, Snapshot, ancestors, constant_tensors, descendants, find_change, hull,
-                           node_label, node_signature, run_nodes, topo_order)
 from verify.real64 import Real64
+from verify.reference import ReferenceData
+from verify.region import Change, Fingerprints, Snapshot, find_change, hull, node_signature, run_nodes
 from verify.ties import DEFAULT_NEAR_TIE_RTOL, QUANTIZER_OPS, NearTie, split_near_ties
 
 log = logging.getLogger(__name__)

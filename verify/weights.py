@@ -28,7 +28,7 @@ from finnlite.core.graphutil import channel_order
 from finnlite.core.model import Model
 from finnlite.core.shapes import const_array
 from finnlite.core.tensors import DepthwiseWeight
-from verify.region import node_label
+from finnlite.core.traverse import node_label
 
 __all__ = ["WeightIssue", "compare_weights", "RTOL"]
 

@@ -1,4 +1,4 @@
-"""verify.clone: the verifier's structural copies are the same graph, share the tensors, and are independent."""
+"""finnlite.core.clone: the verifier's structural copies are the same graph, share the tensors, and are independent."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from finnlite import Model
+from finnlite.core.clone import clone_model
 from finnlite.core.compat import make_model
 from tests.verify.graphs import GraphBuilder
 from tests.zoo import ZOO_MODELS, require_zoo, zoo_model_path
-from verify.clone import clone_model
 
 
 def _annotated() -> Model:

@@ -7,11 +7,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops.executor import Executor
+from custom_ops.plan import FEED_ELEMENTS as _FEED_ELEMENTS
+from custom_ops.subgraph import executor_with_outputs as _executor
 from finnlite import Model
 from finnlite.core.compat import make_model
 from verify import ReferenceData, final_check
-from verify.region import executor_with_outputs as _executor
-from verify.region import _FEED_ELEMENTS
 
 
 def _with_outputs(model: Model, names: list[str]) -> onnx.ModelProto:

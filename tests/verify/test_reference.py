@@ -115,7 +115,7 @@ def _weighted_model():
 
     from finnlite import Model
     from finnlite.core.compat import make_model
-    from verify.region import _FEED_ELEMENTS
+    from custom_ops.plan import FEED_ELEMENTS as _FEED_ELEMENTS
 
     k, n = 256, _FEED_ELEMENTS // 256 + 1
     rng = np.random.default_rng(0)
@@ -161,7 +161,7 @@ def _quantized_weight_model(layers: int = 4):
 
     from finnlite import Model
     from finnlite.core.compat import QONNX_DOMAIN, make_model
-    from verify.region import _FEED_ELEMENTS
+    from custom_ops.plan import FEED_ELEMENTS as _FEED_ELEMENTS
 
     k = 256
     assert k * k >= _FEED_ELEMENTS

@@ -1,18 +1,18 @@
-"""Structural copies of a model for the verifier: new graph, nodes and values; shared tensors and attributes.
+"""Structural copies of a model: new graph, nodes and values; shared tensors and attributes.
 
-Per-pass verification copies the model after every pass that changed it (the copy is the version the checks
-compare and the next check's *before*), so the copy's cost is paid in full by the pipeline. :func:`clone_model`
-builds the same graph as onnx_ir's generic cloner (``Graph.clone``) directly, without the cloner's per-call
-wrappers, substitution maps and device-configuration remapping. A graph with subgraph attributes (If, Loop, Scan)
-goes through onnx_ir's cloner, which copies the subgraphs.
+Per-pass verification (:mod:`verify`) copies the model after every pass that changed it, so the copy's cost is
+paid in full by the pipeline. :func:`clone_model` builds the same graph as onnx_ir's generic cloner
+(``Graph.clone``) directly, without the cloner's per-call wrappers, substitution maps and device-configuration
+remapping. A graph with subgraph attributes (If, Loop, Scan) goes through onnx_ir's cloner, which copies the
+subgraphs.
 
-What the copy shares with the original: the tensors (initializers and constant values: finnlite replaces them
-rather than editing them, and :class:`verify.hook.VerificationHook` freezes the writable ones) and the attribute
-objects (a pass sets a new ``Attr``; it does not edit one), as onnx_ir's cloner does, and frozen shapes (read from
-a file; they cannot change). What it copies: every node and value, editable shapes, the ``metadata_props`` of
-nodes, values and the graph, and the ``meta`` stores (one level deep: finnlite replaces an annotation dict, it
-does not edit one in place). A value that nodes read but nothing defines (a pass left it dangling) stays shared
-rather than failing the copy: the check then reports it.
+What the copy shares with the original: the tensors (initializers and constant values: finnlite replaces them rather
+than editing them, and the verifier freezes the writable ones) and the attribute objects (a pass sets a new
+``Attr``; it does not edit one), as onnx_ir's cloner does, and frozen shapes (read from a file; they cannot change).
+What it copies: every node and value, editable shapes, the ``metadata_props`` of nodes, values and the graph, and
+the ``meta`` stores (one level deep: finnlite replaces an annotation dict, it does not edit one in place). A value
+that nodes read but nothing defines (a pass left it dangling) stays shared rather than failing the copy: the check
+then reports it.
 """
 
 from __future__ import annotations
