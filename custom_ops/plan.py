@@ -163,6 +163,26 @@ def shared_arena(opts: Any) -> Any:
     return opts
 
 
+def release_arena() -> None:
+    """Hand the process-wide arena's unused memory back to the system (nothing if there is none).
+
+    The arena (:func:`shared_arena`) keeps what it grew to; arrays a session returned live in it until they are
+    dropped. After a phase that held many of them (the verifier's cached tensor values), its free blocks would
+    stay resident beside what the next phase allocates with numpy. onnxruntime shrinks an arena at the end of a
+    run given ``memory.enable_memory_arena_shrinkage``: here, a run of a one-element Identity session."""
+    if not _SHARED_ARENA:
+        return
+    import onnxruntime as ort
+
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "finnlite_release", [x], [y])
+    model = fix_ir_version(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), IR_VERSION)
+    run = ort.RunOptions()
+    run.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    make_session(model).run(None, {"x": np.zeros(1, np.float32)}, run)
+
+
 def make_session(model: onnx.ModelProto, threads: int | None = None) -> Any:
     """An onnxruntime CPU session for a region model, with :func:`session_options` (looked up at call time, so a
     study can swap it)."""

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from custom_ops.plan import release_arena
 from finnlite.core.clone import clone_model
 from finnlite.core.errors import VerificationError
 from finnlite.core.model import Model, freeze
@@ -207,9 +208,13 @@ class VerificationHook:
         self.setup_seconds += time.perf_counter() - t0
 
     def close(self) -> None:
-        """Drop the verifier (its cached tensor values and snapshot); the records stay. A later pass manager run
-        starts a new one."""
+        """Drop the verifier (its cached tensor values and snapshot) and give the memory they held in onnxruntime's
+        arena back (:func:`custom_ops.plan.release_arena`); the records stay. A later pass manager run starts a new
+        one."""
+        held = self.verifier is not None
         self.verifier, self._structure, self._stage_runs, self._copies = None, None, [], {}
+        if held:
+            release_arena()
 
     # -- checking ----------------------------------------------------------------------------------------------
     def verify(self, model: Model, policy: Policy, *, label: str, pass_name: str, stage: str | None = None,
