@@ -14,14 +14,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from finnlite.core.model import Model, as_model
-from finnlite.core.passes import Pass, PassManager, PassRecord, Rule, Stage, instantiate
+from finnlite.core.model import as_model
+from finnlite.core.passes import Pass, PassManager, Rule, Stage, instantiate
 from finnlite.core.policies import DEFAULT_POLICY, Policy, resolve_policy
-from verify.heal import describe_match
+from verify.heal import describe_match, first_failing_rewrite
 from verify.hook import PassVerificationError, VerificationHook
 from verify.reference import ReferenceData
 from verify.ties import DEFAULT_NEAR_TIE_RTOL
-from verify.verifier import CheckOutcome
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +59,6 @@ class BisectResult:
         return "\n".join(lines)
 
 
-def _trial(rule: Rule, before: Model, k: int, declined: frozenset[str]) -> tuple[Model, list[Any]]:
-    trial = Model(before.ir.clone(), check=False)
-    return trial, list(rule.run(trial, declined, max_rewrites=k, keep_matches=True).matches)
-
-
 def bisect_pipeline(model: Any, stages: Sequence[Stage], reference: ReferenceData | None = None, *,
                     samples: int = 4, policy: Policy = DEFAULT_POLICY,
                     near_tie_rtol: float = DEFAULT_NEAR_TIE_RTOL) -> BisectResult:
@@ -83,9 +77,7 @@ def bisect_pipeline(model: Any, stages: Sequence[Stage], reference: ReferenceDat
                               tensor=err.tensor, error=err)
         p = _failing_pass(p, stage, err)
         if isinstance(p, Rule):
-            record = _failing_record(manager.report.records, err)
-            _bisect_rule(p, resolve_policy(p, stage, policy), hook, getattr(record, "rewrites", None), result,
-                         manager.declined_anchors(p) or frozenset())
+            _bisect_rule(p, resolve_policy(p, stage, policy), hook, result, manager.declined_anchors(p) or frozenset())
         return result
     return BisectResult(True)
 
@@ -102,42 +94,15 @@ def _failing_pass(current: Pass, stage: Stage, err: PassVerificationError) -> Pa
     return None  # a stage check of a single run names the stage: nothing to re-apply
 
 
-def _failing_record(records: Sequence[PassRecord], err: PassVerificationError) -> PassRecord | None:
-    """The record of the failing pass run (the last one of that pass in that stage and round)."""
-    for rec in reversed(records):
-        if rec.name == err.pass_name and rec.stage == err.stage and (err.iteration is None
-                                                                      or rec.iteration == err.iteration):
-            return rec
-    return None
-
-
-def _bisect_rule(rule: Rule, policy: Policy, hook: VerificationHook, total: int | None, result: BisectResult,
+def _bisect_rule(rule: Rule, policy: Policy, hook: VerificationHook, result: BisectResult,
                  declined: frozenset[str] = frozenset()) -> None:
     verifier = hook.verifier
     assert verifier is not None
-    before = verifier.snapshot.model
-    if not total:
-        _, matches = _trial(rule, before, 10**9, declined)
-        total = len(matches)
-    cache: dict[int, tuple[CheckOutcome, list[Any]]] = {}
-
-    def fails(k: int) -> bool:
-        if k not in cache:
-            trial, matches = _trial(rule, before, k, declined)
-            cache[k] = (verifier.check(trial, policy), matches)
-        return not cache[k][0].ok
-
-    if not total or not fails(total):
+    first = first_failing_rewrite(rule, verifier.snapshot.model, lambda m: verifier.check(m, policy), declined)
+    if first is None:
         log.warning("re-applying %s to the model before it did not reproduce the failure", rule.name)
         return
-    lo, hi = 1, total
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fails(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    outcome, matches = cache[lo]
-    result.rewrite, result.rewrites = lo, total
-    result.match = describe_match(matches[lo - 1]) if len(matches) >= lo else None
+    k, total, (outcome, matches, _) = first
+    result.rewrite, result.rewrites = k, total
+    result.match = describe_match(matches[k - 1]) if len(matches) >= k else None
     result.message, result.node, result.tensor = outcome.message, outcome.node, outcome.tensor

@@ -27,7 +27,8 @@ from finnlite.core.model import Model
 from finnlite.core.passes import Rule
 from finnlite.core.traverse import node_label
 
-__all__ = ["DeclinedRewrite", "HealResult", "decline_bad_rewrites", "describe_match", "apply_rule", "MAX_DECLINED"]
+__all__ = ["DeclinedRewrite", "HealResult", "decline_bad_rewrites", "describe_match", "apply_rule",
+           "first_failing_rewrite", "MAX_DECLINED"]
 
 #: at most this many rewrites of one pass run are declined before the failure is reported as it is
 MAX_DECLINED = 16
@@ -99,6 +100,39 @@ class HealResult:
     declined: list[tuple[str, str, Any]]
 
 
+Trial = tuple[Any, list[Any], list[str]]
+
+
+def first_failing_rewrite(rule: Rule, before: Model, check: Callable[[Model], Any],
+                          declined: frozenset[str] | set[str] = frozenset(), whole: Trial | None = None
+                          ) -> tuple[int, int, Trial] | None:
+    """``(k, n, (outcome, matches, anchors))``: of the ``n`` rewrites of the whole application of ``rule`` to a copy
+    of ``before``, the least ``k`` such that applying at most ``k`` (:func:`apply_rule`) fails ``check``, with that
+    trial's outcome, matches and anchors, found by binary search (the first ``k`` rewrites of a failing trial fail
+    in every longer one). The whole application (``whole``, if the caller has tried it) comes first: None if it
+    passes or rewrites nothing."""
+    cache: dict[int | None, Trial] = {} if whole is None else {None: whole}
+
+    def trial(k: int | None) -> tuple[Any, list[Any], list[str]]:
+        if k not in cache:
+            model, matches, anchors = apply_rule(rule, before, k, declined)
+            cache[k] = (check(model), matches, anchors)
+        return cache[k]
+
+    outcome, _, anchors = trial(None)
+    if outcome.ok or not anchors:
+        return None
+    cache[len(anchors)] = cache[None]
+    lo, hi = 1, len(anchors)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if not trial(mid)[0].ok:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo, len(anchors), trial(lo)
+
+
 def decline_bad_rewrites(rule: Rule, before: Model, check: Callable[[Model], Any],
                          limit: int = MAX_DECLINED, declined: frozenset[str] = frozenset()) -> HealResult | None:
     """``rule`` applied to a copy of ``before`` without the rewrites that fail ``check`` (module docstring), nor at
@@ -111,26 +145,14 @@ def decline_bad_rewrites(rule: Rule, before: Model, check: Callable[[Model], Any
         outcome = check(full)
         if outcome.ok:
             return HealResult(full, outcome, found)
-        if not anchors or len(found) >= limit:
+        if len(found) >= limit:
             return None
-        cache: dict[int, tuple[Any, list[Any], list[str]]] = {len(anchors): (outcome, matches, anchors)}
-
-        def fails(k: int) -> bool:
-            if k not in cache:
-                trial, ms, ans = apply_rule(rule, before, k, declined)
-                cache[k] = (check(trial), ms, ans)
-            return not cache[k][0].ok
-
-        lo, hi = 1, len(anchors)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if fails(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        bad, ms, ans = cache[lo]
-        if len(ans) < lo or ans[lo - 1] in declined:
+        first = first_failing_rewrite(rule, before, check, declined, (outcome, matches, anchors))
+        if first is None:
+            return None
+        k, _, (bad, ms, ans) = first
+        if len(ans) < k or ans[k - 1] in declined:
             return None  # the trials do not replay the same rewrites: nothing sound to decline
-        declined.add(ans[lo - 1])
-        found.append((ans[lo - 1], describe_match(ms[lo - 1]) if len(ms) >= lo else "", bad))
+        declined.add(ans[k - 1])
+        found.append((ans[k - 1], describe_match(ms[k - 1]) if len(ms) >= k else "", bad))
     return None
