@@ -24,6 +24,9 @@ from finnlite.core.shapes import const_array
 from streamline.real_thresholds import fractions_of
 
 EXACT_KEY = "finnlite.exact"
+#: the key, in a node's in-memory ``meta`` store (never saved), of ``(text, array)``: the array behind the node's
+#: exact-value text, so that reading it again costs no parsing while the text is the same object
+_PARSED = "finnlite.exact"
 
 
 def const_operand(node: ir.Node) -> tuple[int, np.ndarray] | None:
@@ -66,9 +69,13 @@ def linear_input(node: ir.Node, index: int, ops: tuple[str, ...]) -> LinearInput
 def exact_value(node: ir.Node, value: np.ndarray) -> np.ndarray:
     """The exact constant of ``node`` as an object array of Fractions (its metadata if present, else ``value``)."""
     text = node.metadata_props.get(EXACT_KEY)
-    if text:
-        return _parse_exact(text)
-    return fractions_of(value)
+    if not text:
+        return fractions_of(value)
+    hit = node.meta.get(_PARSED)
+    if hit is None or hit[0] is not text:
+        hit = (text, _parse_exact(text))
+        node.meta[_PARSED] = hit
+    return hit[1].copy()
 
 
 def _parse_exact(text: str) -> np.ndarray:
@@ -81,15 +88,19 @@ def _parse_exact(text: str) -> np.ndarray:
 
 def set_exact(node: ir.Node, exact: np.ndarray | None) -> None:
     """Record the exact constant of ``node`` (None removes it). Stored only when it differs from float32."""
+    node.meta.pop(_PARSED, None)
     if exact is None:
         node.metadata_props.pop(EXACT_KEY, None)
         return
-    exact = np.asarray(exact, dtype=object)
-    if all(Fraction(float(np.float32(float(v)))) == v for v in exact.ravel()):
+    shape = np.shape(exact)
+    flat = [v if isinstance(v, Fraction) else Fraction(v) for v in np.asarray(exact, dtype=object).ravel()]
+    held = np.array([float(v) for v in flat]).astype(np.float32).astype(np.float64).tolist()
+    if all(f.as_integer_ratio() == (v.numerator, v.denominator) for f, v in zip(held, flat)):
         node.metadata_props.pop(EXACT_KEY, None)
         return
     node.metadata_props[EXACT_KEY] = json.dumps(
-        {"shape": list(exact.shape), "values": [[v.numerator, v.denominator] for v in exact.ravel()]})
+        {"shape": list(shape), "values": [[v.numerator, v.denominator] for v in flat]})
+    node.meta[_PARSED] = (node.metadata_props[EXACT_KEY], np.array(flat, dtype=object).reshape(shape))
 
 
 def to_float32(exact: np.ndarray) -> np.ndarray:
