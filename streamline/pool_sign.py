@@ -23,6 +23,7 @@ from finnlite.core.shapes import const_array
 from streamline.absorb import materialize, mt_channel_axis, real_thresholds_of, set_channel_axis
 from streamline.datatypes import Range
 from streamline.exact import channel_vector, const_operand, exact_value, set_exact, shaped_for_axis, to_float32
+from streamline.rationals import RationalVector
 from streamline.real_thresholds import RealThresholds, set_real_thresholds
 
 __all__ = ["AbsorbChannelSignIntoMultiThreshold", "ShiftSignedLevelsPastPaddedMaxPool", "flip_rows"]
@@ -37,7 +38,7 @@ def flip_rows(rt: RealThresholds, flip: np.ndarray, out_bias: int) -> tuple[Real
     ``max(off) − off_c`` at +∞ (never passed) behind, so that every row has the same length."""
     channels, n = len(flip), rt.shape[1]
     full = rt.broadcast_channels(channels)
-    alpha, beta = np.resize(full.alpha, channels), np.resize(full.beta, channels)
+    alpha, beta = full.alpha.resize(channels), full.beta.resize(channels)
     full = RealThresholds(full.base, full.strict, alpha, beta)
     neg = full.negated()
     offsets = np.where(flip, -n - out_bias, out_bias)
@@ -51,7 +52,7 @@ def flip_rows(rt: RealThresholds, flip: np.ndarray, out_bias: int) -> tuple[Real
         k = int(off[c])
         base[c] = np.concatenate([np.full(k, -np.inf), src.base[c], np.full(pad - k, np.inf)])
         strict[c, k:k + n] = src.strict[c]
-    new_beta = np.array([-b if f else b for b, f in zip(beta, flip)], dtype=object)
+    new_beta = RationalVector(np.where(flip, -beta.num, beta.num), beta.den)
     return RealThresholds(base, strict, alpha, new_beta), low
 
 

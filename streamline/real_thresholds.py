@@ -9,7 +9,8 @@ alone cannot tell ``R`` from its float32 neighbour, and a one-ulp difference sho
 
 Representation (vectorized and exact): ``R[c, m] = (base[c, m] − β[c]) / α[c]`` with ``base`` float64 values that
 are exact (a quantizer's switching points ``s·(k − ½ − z)`` are), and per-channel rationals ``α > 0``, ``β``
-(:class:`fractions.Fraction`; every float is a dyadic rational). Absorbing a constant only updates α and β:
+(:class:`streamline.rationals.RationalVector`; every float is a dyadic rational). Absorbing a constant only updates
+α and β:
 
 * ``Add(b)`` before the node: ``x + b ≥ R ⇔ x ≥ R − b``, i.e. ``β ← β + α·b``;
 * ``Mul(a)``, ``a > 0``: ``a·x ≥ R ⇔ x ≥ R / a``, i.e. ``α ← α·a``;
@@ -34,20 +35,10 @@ import numpy as np
 
 from custom_ops.multithreshold import search_sorted_rows
 from custom_ops.quant import canonical_rounding_mode, max_int, min_int
+from streamline.rationals import RationalVector
 
 META_KEY = "finnlite.real_thresholds"
 _EPS = 2.0 ** -50  # a generous bound on the relative error of a few float64 operations
-
-
-def _frac_column(v: Any) -> np.ndarray:
-    """A 1-D object array of Fractions from a scalar, a float array or an object array."""
-    if isinstance(v, np.ndarray) and v.dtype == object and v.ndim == 1:
-        return v  # internal: object arrays passed around here hold Fractions
-    arr = np.asarray(v, dtype=object).ravel()
-    out = np.empty(arr.size, dtype=object)
-    for i, x in enumerate(arr):
-        out[i] = x if isinstance(x, Fraction) else Fraction(float(x))
-    return out
 
 
 def _exact_base(real: Any) -> np.ndarray:
@@ -77,12 +68,12 @@ class RealThresholds:
         if self.base.ndim != 2 or self.base.shape != self.strict.shape:
             raise ValueError(f"thresholds {self.base.shape} and strict flags {self.strict.shape} must be matching "
                              "(channels, steps) arrays")
-        self.alpha = _frac_column(1 if alpha is None else alpha)
-        self.beta = _frac_column(0 if beta is None else beta)
+        self.alpha = RationalVector.of(1 if alpha is None else alpha)
+        self.beta = RationalVector.of(0 if beta is None else beta)
         rows = {self.base.shape[0], self.alpha.size, self.beta.size} - {1}
         if len(rows) > 1:
             raise ValueError(f"row counts {self.base.shape[0]}, {self.alpha.size}, {self.beta.size} disagree")
-        if alpha is not None and any(a.numerator <= 0 for a in self.alpha):
+        if alpha is not None and (self.alpha.sign() <= 0).any():
             raise ValueError("alpha must be positive")
 
     @property
@@ -96,7 +87,8 @@ class RealThresholds:
         if self.base.shape[0] == self.alpha.size == self.beta.size == rows:
             return self
         rep = lambda a: a if a.shape[0] == rows else np.repeat(a, rows, axis=0)  # noqa: E731
-        return RealThresholds(rep(self.base), rep(self.strict), rep(self.alpha), rep(self.beta))
+        col = lambda v: v if v.size == rows else v.repeat(rows)  # noqa: E731
+        return RealThresholds(rep(self.base), rep(self.strict), col(self.alpha), col(self.beta))
 
     @property
     def real(self) -> np.ndarray:
@@ -105,18 +97,18 @@ class RealThresholds:
         out = np.empty(full.base.shape, dtype=object)
         for c, m in np.ndindex(out.shape):
             b = full.base[c, m]
-            out[c, m] = (Fraction(b) - full.beta[c]) / full.alpha[c] if math.isfinite(b) else b
+            out[c, m] = (Fraction(b) - full.beta.fraction(c)) / full.alpha.fraction(c) if math.isfinite(b) else b
         return out
 
     # -- serialization ---------------------------------------------------------------------------------------
     def to_json(self) -> str:
-        """JSON text: ``base`` as base64 of little-endian float64, ``strict`` as base64 of bytes, α and β as
-        [numerator, denominator] pairs."""
+        """JSON text: ``base`` as base64 of little-endian float64, ``strict`` as base64 of bytes, α and β each as
+        its shared denominator and its numerators."""
         return json.dumps({"shape": list(self.base.shape),
                            "base": base64.b64encode(self.base.astype("<f8").tobytes()).decode("ascii"),
                            "strict": base64.b64encode(self.strict.astype(np.uint8).tobytes()).decode("ascii"),
-                           "alpha": [[a.numerator, a.denominator] for a in self.alpha],
-                           "beta": [[b.numerator, b.denominator] for b in self.beta]})
+                           "alpha": {"den": self.alpha.den, "num": self.alpha.num.tolist()},
+                           "beta": {"den": self.beta.den, "num": self.beta.num.tolist()}})
 
     @staticmethod
     def from_json(text: str) -> "RealThresholds":
@@ -130,13 +122,15 @@ class RealThresholds:
         if self.shape[0] != 1:
             raise ValueError(f"cannot broadcast {self.shape[0]} threshold rows to {channels} channels")
         rep = lambda a: np.repeat(a, channels, axis=0)  # noqa: E731
-        return RealThresholds(rep(self.base), rep(self.strict), rep(self.alpha), rep(self.beta))
+        return RealThresholds(rep(self.base), rep(self.strict), self.alpha.repeat(channels),
+                              self.beta.repeat(channels))
 
     def rows(self, index: Sequence[int] | np.ndarray) -> "RealThresholds":
         """The thresholds of the rows ``index`` (e.g. a permutation of the channels)."""
         idx = np.asarray(index)
         pick = lambda a: a if a.shape[0] == 1 else a[idx]  # noqa: E731 - a single row is every channel's
-        return RealThresholds(pick(self.base), pick(self.strict), pick(self.alpha), pick(self.beta))
+        col = lambda v: v if v.size == 1 else v.take(idx)  # noqa: E731
+        return RealThresholds(pick(self.base), pick(self.strict), col(self.alpha), col(self.beta))
 
     def _with_rows(self, n: int) -> "RealThresholds":
         """The same thresholds with α and β given per channel for ``n`` channels (for per-channel constants);
@@ -145,33 +139,32 @@ class RealThresholds:
             return self
         if self.shape[0] != 1:
             raise ValueError(f"cannot broadcast {self.shape[0]} threshold rows to {n} channels")
-        return RealThresholds(self.base, self.strict, np.repeat(self.alpha, n), np.repeat(self.beta, n))
+        return RealThresholds(self.base, self.strict, self.alpha.repeat(n), self.beta.repeat(n))
 
     def shifted(self, b: Any) -> "RealThresholds":
         """Thresholds for the input before ``Add(b)``: ``R − b`` (``b`` scalar or one value per channel)."""
-        col = _frac_column(b)
+        col = RationalVector.of(b)
         t = self._with_rows(col.size)
         return RealThresholds(t.base, t.strict, t.alpha, t.beta + t.alpha * col)
 
     def scaled(self, a: Any) -> "RealThresholds":
         """Thresholds for the input before ``Mul(a)`` with every ``a ≥ 0``: ``R / a``; a zero factor makes each
         threshold constantly passed (if 0 passes it) or never passed."""
-        col = _frac_column(a)
-        if any(v < 0 for v in col):
+        col = RationalVector.of(a)
+        signs = col.sign()
+        if (signs < 0).any():
             raise ValueError("scaled() needs non-negative factors; use negated() first for negative ones")
         t = self._with_rows(col.size)
-        if all(v > 0 for v in col):
+        if (signs > 0).all():
             return RealThresholds(t.base, t.strict, t.alpha * col, t.beta)
         t = t._full()
         passed = t._passed_by_zero()
-        zero = np.array([v == 0 for v in (col if col.size > 1 else np.repeat(col, t.shape[0]))])
+        zero = np.resize(signs == 0, t.shape[0])
         base, strict = t.base.copy(), t.strict.copy()
         base[zero] = np.where(passed[zero], -np.inf, np.inf)
         strict[zero] = False
-        alpha = np.array([Fraction(1) if z else a * v for a, v, z in
-                          zip(t.alpha, np.resize(col, t.shape[0]), zero)], dtype=object)
-        beta = np.array([Fraction(0) if z else b for b, z in zip(t.beta, zero)], dtype=object)
-        return RealThresholds(base, strict, alpha, beta)
+        alpha = (t.alpha * col.resize(t.shape[0])).where(zero, 1)
+        return RealThresholds(base, strict, alpha, t.beta.where(zero, 0))
 
     def negated(self) -> "RealThresholds":
         """Thresholds on ``−x`` for thresholds on ``x``, as a count from above: ``x ≥ R ⇔ −x ≤ −R``, so the number of
@@ -184,12 +177,12 @@ class RealThresholds:
         (``<``), decided in float64 and exactly where float64 cannot tell."""
         full = self._full()
         shift = full.beta + full.alpha * value
-        shift_f = np.array([float(b) for b in shift])[:, None]
+        shift_f = shift.floats()[:, None]
         diff = full.base - shift_f
         out = np.where(full.strict, diff < 0, diff <= 0)
         unsure = np.isfinite(full.base) & (np.abs(diff) <= _EPS * (np.abs(full.base) + np.abs(shift_f)) + 1e-300)
         for c, m in zip(*np.nonzero(unsure)):
-            d = Fraction(float(full.base[c, m])) - shift[c]
+            d = Fraction(float(full.base[c, m])) - shift.fraction(c)
             out[c, m] = d < 0 if full.strict[c, m] else d <= 0
         return out
 
@@ -219,9 +212,7 @@ class RealThresholds:
         """α and β rounded to float64 (cached)."""
         cached = getattr(self, "_float_ab", None)
         if cached is None:
-            # n / d of Python ints is correctly rounded: float(x), without the numbers.Rational dispatch
-            cached = (np.array([x.numerator / x.denominator for x in self.alpha]),
-                      np.array([x.numerator / x.denominator for x in self.beta]))
+            cached = (self.alpha.floats(), self.beta.floats())
             self._float_ab = cached
         return cached
 
@@ -252,15 +243,13 @@ class RealThresholds:
             a, b = self._floats()
             with np.errstate(invalid="ignore"):
                 cached = np.isfinite(a) & np.isfinite(b) & (np.frexp(a)[0] == 0.5)  # float64 α a power of two
-            for i in np.flatnonzero(cached):  # only those rows pay for the exact comparisons (in lowest terms)
-                al, be = self.alpha[i], self.beta[i]
-                cached[i] = (float(a[i]).as_integer_ratio() == (al.numerator, al.denominator)
-                             and float(b[i]).as_integer_ratio() == (be.numerator, be.denominator))
+            if cached.any():
+                cached = cached & self.alpha.equals_floats(a) & self.beta.equals_floats(b)
             self._exact_ab = cached
         return cached
 
     def _exact(self, full: "RealThresholds", c: int, m: int) -> Fraction:
-        return (Fraction(float(full.base[c, m])) - full.beta[c]) / full.alpha[c]
+        return (Fraction(float(full.base[c, m])) - full.beta.fraction(c)) / full.alpha.fraction(c)
 
     def integer_thresholds(self, lo: float | None = None, hi: float | None = None) -> np.ndarray:
         """float32 thresholds for an integer input: ``⌈R⌉`` (non-strict) or ``⌊R⌋ + 1`` (strict), clipped to
@@ -412,7 +401,8 @@ class RealThresholds:
         """Per row, α = p/q and β = r/t as integers ``(p, q, r, t)`` (cached)."""
         cached = self.__dict__.get("_ratio_rows")
         if cached is None:
-            cached = [(a.numerator, a.denominator, b.numerator, b.denominator) for a, b in zip(self.alpha, self.beta)]
+            ad, bd = self.alpha.den, self.beta.den
+            cached = [(p, ad, r, bd) for p, r in zip(self.alpha.num.tolist(), self.beta.num.tolist())]
             self._ratio_rows = cached
         return cached
 
@@ -486,13 +476,16 @@ def _parse(text: str) -> RealThresholds:
     shape = tuple(data["shape"])
     base = np.frombuffer(base64.b64decode(data["base"]), dtype="<f8").astype(np.float64).reshape(shape)
     strict = np.frombuffer(base64.b64decode(data["strict"]), dtype=np.uint8).astype(bool).reshape(shape)
-    alpha = np.empty(len(data["alpha"]), dtype=object)
-    beta = np.empty(len(data["beta"]), dtype=object)
-    for i, (n, d) in enumerate(data["alpha"]):
-        alpha[i] = Fraction(n, d)
-    for i, (n, d) in enumerate(data["beta"]):
-        beta[i] = Fraction(n, d)
-    return RealThresholds(base, strict, alpha, beta)
+    return RealThresholds(base, strict, _parse_rationals(data["alpha"]), _parse_rationals(data["beta"]))
+
+
+def _parse_rationals(data: Any) -> RationalVector:
+    """α or β as written by :meth:`RealThresholds.to_json`, or as [numerator, denominator] pairs (older files)."""
+    if isinstance(data, dict):
+        num = np.empty(len(data["num"]), dtype=object)
+        num[:] = [int(n) for n in data["num"]]
+        return RationalVector(num, int(data["den"]))
+    return RationalVector.of([Fraction(n, d) for n, d in data])
 
 
 def _level_condition(k: int, mode: str) -> tuple[Fraction, bool]:
@@ -626,7 +619,7 @@ def exact_sums(arr: np.ndarray, axis: int) -> np.ndarray:
 def fractions_of(arr: Sequence[float] | np.ndarray) -> np.ndarray:
     """An object array of exact Fractions of the float values of ``arr``."""
     a = np.asarray(arr, dtype=np.float64)
-    out = np.empty(a.shape, dtype=object)
-    for idx in np.ndindex(a.shape):
-        out[idx] = Fraction(float(a[idx]))
-    return out
+    values, where = np.unique(a, return_inverse=True)  # quantized tensors repeat few values: convert each once
+    fractions = np.empty(values.size, dtype=object)
+    fractions[:] = [Fraction(v) for v in values.tolist()]
+    return fractions[where.ravel()].reshape(a.shape)

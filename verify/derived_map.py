@@ -60,8 +60,8 @@ def derived_maps(node: Any, channels: int, levels: Callable[[np.ndarray], np.nda
     if rt is None or rt.shape[0] not in (1, channels) or rt.base.shape[0] not in (1, channels):
         return []
     base = np.broadcast_to(rt.base, (channels, rt.base.shape[1]))
-    alpha = np.broadcast_to(np.array([float(x) for x in rt.alpha]), (channels,))
-    beta = np.broadcast_to(np.array([float(x) for x in rt.beta]), (channels,))
+    alpha = np.broadcast_to(rt.alpha.floats(), (channels,))
+    beta = np.broadcast_to(rt.beta.floats(), (channels,))
     maps = []
     for sign in (1.0, -1.0):
         ok = _switching_points(base, sign, levels, step)
