@@ -17,7 +17,7 @@ from finnlite.core.graphutil import is_standard_domain, rank_of
 from finnlite.core.passes import Rule, register_pass
 from finnlite.core.shapes import const_array
 from streamline.exact import LinearInput, const_operand, exact_value, new_const_node, set_exact, to_float32
-from streamline.real_thresholds import RealThresholds, fractions_of, set_real_thresholds
+from streamline.real_thresholds import RealThresholds, set_real_thresholds
 
 if TYPE_CHECKING:
     from finnlite.core.model import Model
@@ -66,8 +66,8 @@ class BatchNormToAffine(Rule):
         bias = b - mu * a
         rank = rank_of(node.inputs[0], constants=False)
         y = node.outputs[0]
-        mul = new_const_node(model, "Mul", node.inputs[0], fractions_of(a), rank, 1, y, f"{node.name}_mul")
-        add = new_const_node(model, "Add", mul.outputs[0], fractions_of(bias), rank, 1, y, f"{node.name}_add")
+        mul = new_const_node(model, "Mul", node.inputs[0], a, rank, 1, y, f"{node.name}_mul")
+        add = new_const_node(model, "Add", mul.outputs[0], bias, rank, 1, y, f"{node.name}_add")
         model.graph.insert_after(node, [mul, add])
         model.replace_uses(y, add.outputs[0])
         model.remove_node(node)

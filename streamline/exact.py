@@ -87,26 +87,47 @@ def _parse_exact(text: str) -> np.ndarray:
 
 
 def set_exact(node: ir.Node, exact: np.ndarray | None) -> None:
-    """Record the exact constant of ``node`` (None removes it). Stored only when it differs from float32."""
+    """Record the exact constant of ``node`` (None removes it): Fractions, or float64 values that are exact.
+    Stored only when it differs from float32."""
     node.meta.pop(_PARSED, None)
     if exact is None:
         node.metadata_props.pop(EXACT_KEY, None)
         return
     shape = np.shape(exact)
+    if np.asarray(exact).dtype.kind == "f":  # float values: exact as they are, compared with float32 at once
+        values = np.asarray(exact, dtype=np.float64)
+        if not np.isfinite(values).all():
+            raise ValueError("an exact constant must be finite")
+        if (values.astype(np.float32).astype(np.float64) == values).all():
+            node.metadata_props.pop(EXACT_KEY, None)
+            return
+        ratios = [v.as_integer_ratio() for v in values.ravel().tolist()]
+        node.metadata_props[EXACT_KEY] = json.dumps({"shape": list(shape), "values": ratios})
+        return
     flat = [v if isinstance(v, Fraction) else Fraction(v) for v in np.asarray(exact, dtype=object).ravel()]
-    held = np.array([float(v) for v in flat]).astype(np.float32).astype(np.float64).tolist()
-    if all(f.as_integer_ratio() == (v.numerator, v.denominator) for f, v in zip(held, flat)):
+    ratios = [v.as_integer_ratio() for v in flat]
+    held = np.array([n / d for n, d in ratios]).astype(np.float32).astype(np.float64).tolist()
+    if all(f.as_integer_ratio() == r for f, r in zip(held, ratios)):
         node.metadata_props.pop(EXACT_KEY, None)
         return
-    node.metadata_props[EXACT_KEY] = json.dumps(
-        {"shape": list(shape), "values": [[v.numerator, v.denominator] for v in flat]})
+    node.metadata_props[EXACT_KEY] = json.dumps({"shape": list(shape), "values": ratios})
     node.meta[_PARSED] = (node.metadata_props[EXACT_KEY], np.array(flat, dtype=object).reshape(shape))
 
 
 def to_float32(exact: np.ndarray) -> np.ndarray:
-    """The float32 array nearest to an object array of Fractions."""
-    return np.asarray([float(v) for v in np.asarray(exact, dtype=object).ravel()], dtype=np.float64
-                      ).astype(np.float32).reshape(np.shape(exact))
+    """The float32 array nearest to an object array of Fractions (or to float64 values)."""
+    if np.asarray(exact).dtype.kind == "f":
+        return np.asarray(exact, dtype=np.float64).astype(np.float32)
+    values = [_float(v) for v in np.asarray(exact, dtype=object).ravel()]
+    return np.asarray(values, dtype=np.float64).astype(np.float32).reshape(np.shape(exact))
+
+
+def _float(v: Any) -> float:
+    """``float(v)``, for a Fraction by one correctly rounded integer division (without numbers.Rational's)."""
+    if isinstance(v, Fraction):
+        n, d = v.as_integer_ratio()
+        return n / d
+    return float(v)
 
 
 def channel_vector(value: np.ndarray, rank: int, axis: int) -> np.ndarray | None:
@@ -136,8 +157,10 @@ def shaped_for_axis(vec: np.ndarray, rank: int, axis: int) -> np.ndarray:
 def new_const_node(model: Any, op: str, x: ir.Value, exact: np.ndarray, rank: int, axis: int, like: ir.Value,
                    name: str) -> ir.Node:
     """A new ``op`` (Mul or Add) node computing ``x op c`` with ``c`` the float32 rounding of the exact per-channel
-    vector ``exact`` (shaped for ``axis``), its exact value recorded; its output is like ``like``."""
-    shaped = shaped_for_axis(np.asarray(exact, dtype=object), rank, axis)
+    vector ``exact`` (Fractions or float64 values, shaped for ``axis``), its exact value recorded; its output is
+    like ``like``."""
+    shaped = shaped_for_axis(exact if np.asarray(exact).dtype.kind == "f" else np.asarray(exact, dtype=object),
+                             rank, axis)
     c = model.add_initializer(to_float32(shaped), prefix=f"{name}_c")
     node = ir.Node("", op, [x, c], outputs=[model.make_value_like(like, name)], name=name)
     set_exact(node, shaped)

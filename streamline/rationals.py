@@ -124,7 +124,7 @@ def _ints(values: list[int]) -> np.ndarray:
 
 def _ratio(x: Any) -> tuple[int, int]:
     if isinstance(x, (int, Fraction)):
-        return x.numerator, x.denominator
+        return x.as_integer_ratio()
     if isinstance(x, np.integer):
         return int(x), 1
     return float(x).as_integer_ratio()
