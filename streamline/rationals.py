@@ -83,11 +83,22 @@ class RationalVector:
 
     def floats(self) -> np.ndarray:
         """The values correctly rounded to float64 (OverflowError beyond float64's range)."""
-        return np.array([n / self.den for n in self.num.tolist()], dtype=np.float64).reshape(self.num.shape)
+        den = self.den
+        if den & (den - 1) == 0:  # a power of two: float(n), correctly rounded, scaled exactly
+            try:
+                out = np.ldexp(self.num.astype(np.float64), -(den.bit_length() - 1))
+            except OverflowError:
+                out = None
+            if out is not None:
+                tiny = np.flatnonzero((np.abs(out) <= 2.0 ** -1022) & (self.num != 0))  # subnormal: rounded twice
+                for i in tiny.tolist():
+                    out[i] = self.num[i] / den
+                return out
+        return np.array([n / den for n in self.num.tolist()], dtype=np.float64).reshape(self.num.shape)
 
     def sign(self) -> np.ndarray:
         """−1, 0 or 1 per value, as int64."""
-        return np.array([(n > 0) - (n < 0) for n in self.num.tolist()], dtype=np.int64).reshape(self.num.shape)
+        return (self.num > 0).astype(np.int64) - (self.num < 0).astype(np.int64)
 
     def repeat(self, n: int) -> "RationalVector":
         """Every value ``n`` times (a single value: ``n`` of it)."""

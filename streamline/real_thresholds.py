@@ -512,8 +512,9 @@ def quant_real_thresholds(scale: np.ndarray, zeropoint: np.ndarray, bitwidth: in
                           rounding_mode: str = "ROUND") -> RealThresholds:
     """Real thresholds of ``Quant(x, scale, zeropoint, bitwidth)`` on ``x``: level ``m`` (1..N) of the count is
     ``q ≥ qmin + m``; ``scale`` and ``zeropoint`` are scalars or one value per channel (rows). A 1-bit signed
-    quantizer is bipolar: one threshold where ``x/s + z`` reaches 0. ``s·(t − z)`` is exact in float64 (a float32
-    scale times a number of at most 18 significant bits)."""
+    quantizer is bipolar: one threshold where ``x/s + z`` reaches 0. The switching points ``s·(t − z)`` are the base
+    thresholds where float64 holds them exactly (checked; a float32 scale times a number of at most 18 significant
+    bits is), else the thresholds are kept in the affine form ``(t − z)·(1/s)``."""
     scales = np.asarray(scale, dtype=np.float64).ravel()
     zeros = np.asarray(zeropoint, dtype=np.float64).ravel()
     if np.any(scales <= 0):
@@ -529,10 +530,12 @@ def quant_real_thresholds(scale: np.ndarray, zeropoint: np.ndarray, bitwidth: in
     strict = np.array([lv[1] for lv in levels], dtype=bool)[None, :]
     s = np.resize(scales, rows)[:, None]
     z = np.resize(zeros, rows)[:, None]
-    base = s * (t - z)
-    exact = all(Fraction(float(base[c, m])) == Fraction(float(s[c, 0])) * (Fraction(float(t[0, m]))
-                                                                           - Fraction(float(z[c, 0])))
-                for c in range(min(rows, 2)) for m in range(base.shape[1]))
+    d = t - z
+    base = s * d
+    with np.errstate(all="ignore"):  # exact: TwoSum and Dekker's product leave no error, far from under/overflow
+        safe = (np.abs(base) >= 2.0 ** -960) | (d == 0)
+        safe &= (np.abs(s) < 2.0 ** 990) & (np.abs(d) < 2.0 ** 990)
+        exact = bool(safe.all() and not _two_sum(t, -z)[1].any() and not _two_prod(s, d)[1].any())
     if not exact:  # not expected for float32 parameters; fall back to the exact affine form
         return RealThresholds(np.repeat(t, rows, axis=0), np.repeat(strict, rows, axis=0),
                               [Fraction(1) / Fraction(float(x)) for x in s[:, 0]],

@@ -201,3 +201,20 @@ def test_real_thresholds_count_only_where_the_stored_ones_encode_them():
     assert encoded_real_thresholds(node, np.nextafter(stored, np.float32(np.inf))) is not None  # a step: a near-tie
     assert encoded_real_thresholds(node, stored + 3) is None
     assert encoded_real_thresholds(node, stored[:, :2]) is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_quantizer_switching_points_are_exact_for_any_scale(seed: int) -> None:
+    """s·(k − ½ − z) exactly, whether float64 holds it (float32 scales, integer zero points) or not (float64
+    scales, fractional zero points: the affine form)."""
+    rng = np.random.default_rng(seed)
+    for single, zfrac in [(True, 1.0), (False, 1.0), (False, 0.37), (True, 0.37)]:
+        s = rng.uniform(0.001, 2, int(rng.integers(1, 6)))
+        s = s.astype(np.float32).astype(np.float64) if single else s
+        z = np.round(rng.uniform(-3, 3, s.size)) * zfrac
+        signed = bool(rng.integers(2))
+        real = quant_real_thresholds(s, z, 4, signed, False).real
+        qmin = -8 if signed else 0
+        want = [[Fraction(float(s[c])) * (qmin + m + 1 - Fraction(1, 2) - Fraction(float(z[c])))
+                 for m in range(real.shape[1])] for c in range(s.size)]
+        assert np.broadcast_to(real, (s.size, real.shape[1])).tolist() == want
