@@ -207,8 +207,8 @@ def split_near_ties(diff_indices: np.ndarray, shape: tuple[int, ...], actual: np
     near-ties. Returns the near-ties and the flat indices of the real differences."""
     if diff_indices.size == 0:
         return [], diff_indices
-    a = np.asarray(actual, dtype=np.float64).reshape(-1)[diff_indices]
-    e = np.asarray(expected, dtype=np.float64).reshape(-1)[diff_indices]
+    a = np.asarray(actual).reshape(-1)[diff_indices].astype(np.float64)  # the differences only, not the tensor
+    e = np.asarray(expected).reshape(-1)[diff_indices].astype(np.float64)
     if step is None:
         return [], diff_indices  # not a quantized tensor: no level to have rounded differently
     st = _per_element(step, shape, diff_indices)

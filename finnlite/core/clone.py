@@ -30,8 +30,8 @@ def _copy_meta(src: ir.Value | ir.Node | ir.Graph, dst: ir.Value | ir.Node | ir.
     if props:
         dst.metadata_props.update(props)
     meta = src.meta
-    if meta:
-        dst.meta.update(meta)
+    if meta:  # UserDict's update sets key by key in Python; ``dst`` is new, so its plain dict takes them at once
+        dst.meta.data.update(meta.data)
 
 
 def _shape(shape: ir.Shape | None) -> ir.Shape | None:
