@@ -94,24 +94,25 @@ def set_exact(node: ir.Node, exact: np.ndarray | None) -> None:
         node.metadata_props.pop(EXACT_KEY, None)
         return
     shape = np.shape(exact)
+    parsed = None
     if np.asarray(exact).dtype.kind == "f":  # float values: exact as they are, compared with float32 at once
         values = np.asarray(exact, dtype=np.float64)
         if not np.isfinite(values).all():
             raise ValueError("an exact constant must be finite")
-        if (values.astype(np.float32).astype(np.float64) == values).all():
-            node.metadata_props.pop(EXACT_KEY, None)
-            return
-        ratios = [v.as_integer_ratio() for v in values.ravel().tolist()]
-        node.metadata_props[EXACT_KEY] = json.dumps({"shape": list(shape), "values": ratios})
-        return
-    flat = [v if isinstance(v, Fraction) else Fraction(v) for v in np.asarray(exact, dtype=object).ravel()]
-    ratios = [v.as_integer_ratio() for v in flat]
-    held = np.array([n / d for n, d in ratios]).astype(np.float32).astype(np.float64).tolist()
-    if all(f.as_integer_ratio() == r for f, r in zip(held, ratios)):
+        held = (values.astype(np.float32).astype(np.float64) == values).all()
+        ratios = [] if held else [v.as_integer_ratio() for v in values.ravel().tolist()]
+    else:
+        flat = [v if isinstance(v, Fraction) else Fraction(v) for v in np.asarray(exact, dtype=object).ravel()]
+        ratios = [v.as_integer_ratio() for v in flat]
+        rounded = np.array([n / d for n, d in ratios]).astype(np.float32).astype(np.float64).tolist()
+        held = all(f.as_integer_ratio() == r for f, r in zip(rounded, ratios))
+        parsed = np.array(flat, dtype=object).reshape(shape)
+    if held:
         node.metadata_props.pop(EXACT_KEY, None)
         return
     node.metadata_props[EXACT_KEY] = json.dumps({"shape": list(shape), "values": ratios})
-    node.meta[_PARSED] = (node.metadata_props[EXACT_KEY], np.array(flat, dtype=object).reshape(shape))
+    if parsed is not None:
+        node.meta[_PARSED] = (node.metadata_props[EXACT_KEY], parsed)
 
 
 def to_float32(exact: np.ndarray) -> np.ndarray:
@@ -159,8 +160,7 @@ def new_const_node(model: Any, op: str, x: ir.Value, exact: np.ndarray, rank: in
     """A new ``op`` (Mul or Add) node computing ``x op c`` with ``c`` the float32 rounding of the exact per-channel
     vector ``exact`` (Fractions or float64 values, shaped for ``axis``), its exact value recorded; its output is
     like ``like``."""
-    shaped = shaped_for_axis(exact if np.asarray(exact).dtype.kind == "f" else np.asarray(exact, dtype=object),
-                             rank, axis)
+    shaped = shaped_for_axis(exact, rank, axis)
     c = model.add_initializer(to_float32(shaped), prefix=f"{name}_c")
     node = ir.Node("", op, [x, c], outputs=[model.make_value_like(like, name)], name=name)
     set_exact(node, shaped)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -51,9 +51,6 @@ class RationalVector:
     def size(self) -> int:
         return self.num.size
 
-    def __iter__(self) -> Iterator[Fraction]:
-        return iter(self.fractions())
-
     def __mul__(self, other: Any) -> "RationalVector":
         o = RationalVector.of(other)
         return RationalVector(self.num * o.num, self.den * o.den)
@@ -66,8 +63,6 @@ class RationalVector:
             return RationalVector(self.num + o.num, self.den)
         den = math.lcm(self.den, o.den)
         return RationalVector(self.num * (den // self.den) + o.num * (den // o.den), den)
-
-    __radd__ = __add__
 
     def __neg__(self) -> "RationalVector":
         return RationalVector(-self.num, self.den)
