@@ -168,16 +168,21 @@ def launch(path: str, verify: str) -> dict:
 
 #: the ProxylessNAS export of issue 24 (``tests/corpus/export.py``), in the corpus cache when it was exported there
 PROXYLESSNAS = "quant_proxylessnas_mobile14_4b"
+#: the reproducers' folder; its ``proxylessnas_4b.onnx`` is the same network (random weights, its README says how)
+REPRO = Path(os.environ.get("FINNLITE_REPRO", REPO.parent / "shared" / "repro"))
 
 
 def command_models() -> dict[str, Path]:
-    """The models of the command table: the zoo's, and ProxylessNAS mobile14 (4 bits) if the corpus cache has it."""
+    """The models of the command table: the zoo's, and ProxylessNAS mobile14 (4 bits) from the corpus cache, else
+    the reproducer of the same network (``$FINNLITE_REPRO``), when one of them is there."""
     from tests.corpus.check import cache_dir
 
     models = {name: ZOO / e["file"] for name, e in json.loads((ZOO / "manifest.json").read_text()).items()}
-    proxyless = cache_dir() / f"{PROXYLESSNAS}.onnx"
-    if proxyless.is_file():
-        models["proxylessnas_mobile14_4b"] = proxyless
+    for name, path in (("proxylessnas_mobile14_4b", cache_dir() / f"{PROXYLESSNAS}.onnx"),
+                       ("proxylessnas_4b (repro)", REPRO / "proxylessnas_4b.onnx")):
+        if path.is_file():
+            models[name] = path
+            break
     return models
 
 
