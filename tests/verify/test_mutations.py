@@ -315,3 +315,32 @@ def test_mutants_of_small_zoo_models(name: str) -> None:
 @pytest.mark.parametrize("name", ["resnet18_4w4a_ts", "mobilenet_v1_4b"])
 def test_mutants_of_large_zoo_models(name: str) -> None:
     _zoo(name)
+
+
+# -- what each part of the final check adds ------------------------------------------------------------------------
+#: a part of the final check switched off (final_check's keyword), and the kinds of mutant only it catches
+PARTS = {"annotations": ({"annotations": False}, ("annotation_act", "annotation_weight", "out_dtype")),
+         "proofs": ({"proofs": False}, ("threshold", "weight")),
+         "tail": ({"tail_samples": 0}, ("tail_scale", "tail_bias"))}
+
+
+@pytest.mark.parametrize("part", sorted(PARTS))
+def test_each_part_of_the_final_check_catches_mutants_the_others_miss(part: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one part switched off (the datatype claims, the proofs of thresholds and weights, or the output
+    dequantization as numbers), some mutants of its kinds pass the rest of the check on the code-built TFC, which
+    the whole check catches (:func:`test_mutants_are_caught_whatever_the_input_range`): each part is on the default
+    path for faults nothing else sees. The samples are from a narrow input range, as a user's real inputs may be."""
+    from functools import partial
+
+    from finnlite.examples import build_tfc
+
+    source = build_tfc(wbits=2, abits=2, seed=3)
+    original, work = Model(source), Model(source)
+    assert streamline(work, verify="off", extras=False).ok
+    reference, _ = make_reference(original, Config(), samples=8, input_range=(0.0, 0.05))
+    off, kinds = PARTS[part]
+    monkeypatch.setattr(f"{__name__}.final_check", partial(final_check, **off))
+    table = run_mutants(original, work.to_proto(), reference, kinds)
+    for kind in kinds:
+        assert not all(caught for caught, _, _ in table[kind]), f"without {part}, every {kind} mutant is still caught"
