@@ -9,6 +9,8 @@ execution computes (see :mod:`custom_ops.executor`).
 
 from __future__ import annotations
 
+import ctypes
+
 import os
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
@@ -164,14 +166,30 @@ def shared_arena(opts: Any) -> Any:
 
 
 def release_arena() -> None:
-    """Hand the process-wide arena's unused memory back to the system (nothing if there is none).
+    """Hand the unused memory of the process-wide arena and of the C heap back to the system.
 
     The arena (:func:`shared_arena`) keeps what it grew to; arrays a session returned live in it until they are
     dropped. After a phase that held many of them (the verifier's cached tensor values), its free blocks would
     stay resident beside what the next phase allocates with numpy. onnxruntime shrinks an arena at the end of a
-    run given ``memory.enable_memory_arena_shrinkage``: here, a run of a one-element Identity session."""
-    if not _SHARED_ARENA:
+    run given ``memory.enable_memory_arena_shrinkage``: here, a run of a one-element Identity session. numpy's
+    arrays come from the C heap, which keeps freed blocks too (glibc serves large ones from the heap once it has
+    freed one of that size): :func:`trim_heap` returns them."""
+    if _SHARED_ARENA:
+        _shrink_arena()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """glibc's ``malloc_trim(0)``: the C heap's free memory back to the system (nothing on another C library)."""
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
         return
+    trim(0)
+
+
+def _shrink_arena() -> None:
     import onnxruntime as ort
 
     x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
