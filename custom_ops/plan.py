@@ -10,7 +10,6 @@ execution computes (see :mod:`custom_ops.executor`).
 from __future__ import annotations
 
 import ctypes
-
 import os
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
@@ -173,13 +172,13 @@ def release_arena() -> None:
     stay resident beside what the next phase allocates with numpy. onnxruntime shrinks an arena at the end of a
     run given ``memory.enable_memory_arena_shrinkage``: here, a run of a one-element Identity session. numpy's
     arrays come from the C heap, which keeps freed blocks too (glibc serves large ones from the heap once it has
-    freed one of that size): :func:`trim_heap` returns them."""
+    freed one of that size): :func:`_trim_heap` returns them."""
     if _SHARED_ARENA:
         _shrink_arena()
-    trim_heap()
+    _trim_heap()
 
 
-def trim_heap() -> None:
+def _trim_heap() -> None:
     """glibc's ``malloc_trim(0)``: the C heap's free memory back to the system (nothing on another C library)."""
     try:
         libc = ctypes.CDLL(None)
